@@ -1,0 +1,31 @@
+# `make demo` and `make test` build .venv from a Python 3.12 interpreter when it is missing.
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	@set -e; \
+	if [ ! -x $(PY) ]; then \
+	  interp=""; \
+	  for c in python3.12 "$$(pyenv root 2>/dev/null)/versions/3.12"*/bin/python $$HOME/.pyenv/versions/3.12*/bin/python python3; do \
+	    if "$$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1; then interp="$$c"; break; fi; \
+	  done; \
+	  if [ -z "$$interp" ]; then \
+	    echo "error: no Python 3.12 interpreter found on PATH or under pyenv (tried python3.12, pyenv versions 3.12.*, python3)" >&2; exit 1; \
+	  fi; \
+	  echo "creating $(VENV) with $$interp"; \
+	  "$$interp" -m venv $(VENV); \
+	fi
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m experiments.compare_impls --mixer=gdn2 --impls=scan,chunk --batch=2 --seq_len=256 --heads=2 --head_dim=32 --dtype=float32
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+clean:
+	rm -rf $(VENV)

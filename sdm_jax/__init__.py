@@ -1,0 +1,1 @@
+"""sdm-jax: delta-rule recurrent token mixers in JAX and Pallas."""

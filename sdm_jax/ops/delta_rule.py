@@ -1,0 +1,81 @@
+"""The generalized gated delta rule behind every dense mixer (SPEC.md section 1).
+
+    S_t = (I - u_t e_t^T) Diag(exp(g_t)) S_{t-1} + u_t z_t^T,     o_t = scale * S_t^T q_t
+
+A mixer only builds the write key u, the erase key e, the written value z and the log decay g,
+then calls `run_mixer`, which checks the inputs and dispatches to an implementation.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from sdm_jax.ops.chunk import delta_rule_chunk
+from sdm_jax.ops.scan import delta_rule_scan
+from sdm_jax.ops.validation import check_options, check_shape
+
+KEY = ("B", "T", "H", "K")
+VALUE = ("B", "T", "H", "V")
+HEAD = ("B", "T", "H")
+STATE = ("B", "H", "K", "V")
+
+
+def l2norm(x, eps=1e-6):
+  """x / ||x|| over the last axis, computed in fp32 (or float64)."""
+  x = x.astype(jnp.promote_types(jnp.float32, x.dtype))
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64):
+  """Runs the generalized rule on already-formed keys and values.
+
+  q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
+  initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
+  Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
+  """
+  check_options(impl, chunk_size)
+  dims = {}
+  for name, x, names in (("q", q, KEY), ("u", u, KEY), ("e", e, KEY), ("z", z, VALUE)):
+    check_shape(name, x, names, dims)
+  check_shape("g", g, HEAD if g.ndim == 3 else KEY, dims)
+  if initial_state is not None:
+    check_shape("initial_state", initial_state, STATE, dims)
+  acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
+  B, T, H, K = q.shape
+  V = z.shape[-1]
+  if g.ndim == 3:
+    g = jnp.broadcast_to(g[..., None], (B, T, H, K))
+  q, u, e, z, g = (x.astype(acc) for x in (q, u, e, z, g))
+  scale = K**-0.5 if scale is None else scale
+  state = jnp.zeros((B, H, K, V), acc) if initial_state is None else initial_state.astype(acc)
+  if impl == "pallas":
+    raise NotImplementedError("impl='pallas': the Pallas kernels are not built yet; use impl='chunk' or 'scan'")
+  if impl == "scan":
+    return delta_rule_scan(q, u, e, z, g, scale, state)
+  return delta_rule_chunk(q, u, e, z, g, scale, state, chunk_size)
+
+
+def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state, use_qk_l2norm, impl,
+              chunk_size):
+  """Checks a mixer's inputs, forms (u, e, z, g) = build(k, v, *gates) and runs the rule.
+
+  gates: ordered {name: (array, dimension names)}, the log decay g first.
+  Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
+  """
+  check_options(impl, chunk_size)
+  dims = {}
+  check_shape("q", q, KEY, dims)
+  check_shape("k", k, KEY, dims)
+  check_shape("v", v, VALUE, dims)
+  for name, (x, names) in gates.items():
+    check_shape(name, x, names, dims)
+  if initial_state is not None:
+    check_shape("initial_state", initial_state, STATE, dims)
+  arrays = [x for x, _ in gates.values()]
+  acc = jnp.result_type(jnp.float32, q.dtype, k.dtype, v.dtype, *[x.dtype for x in arrays])
+  if use_qk_l2norm:
+    q, k = l2norm(q), l2norm(k)
+  q, k, z_in = (x.astype(acc) for x in (q, k, v))
+  u, e, z, g = build(k, z_in, *[x.astype(acc) for x in arrays])
+  o, final_state = generalized_delta_rule(
+      q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size)
+  return o.astype(v.dtype), final_state if output_final_state else None
