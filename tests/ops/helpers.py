@@ -1,0 +1,176 @@
+"""Shared pieces of the ops tests: random mixer inputs, the SPEC section 6 loss and error measure.
+
+Inputs are a dict in call order -- q, k, v, g, the mixer's gates, then "initial_state" (an array
+or None) -- so one helper calls any mixer and differentiates with respect to every array in it.
+"""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sdm_jax import ops
+
+MIXERS = ("gdn", "kda", "fg2", "fg2_plus", "gdn2")
+FUNCTIONS = {
+    "gdn": ops.gated_delta_rule,
+    "kda": ops.kda,
+    "fg2": ops.fg2_gdn,
+    "fg2_plus": ops.fg2_gdn_plus,
+    "gdn2": ops.gdn2,
+}
+
+HEAD = ("B", "T", "H")
+KEY = ("B", "T", "H", "K")
+VALUE = ("B", "T", "H", "V")
+# (name, dimension names) of every gate after the log decay g, in call order.
+GATES = {
+    "gdn": (("beta", HEAD),),
+    "kda": (("beta", HEAD),),
+    "fg2": (("beta", KEY),),
+    "fg2_plus": (("beta_k", KEY), ("beta_v", VALUE)),
+    "gdn2": (("b", KEY), ("w", VALUE)),
+}
+DECAY = {"gdn": HEAD, "kda": KEY, "fg2": KEY, "fg2_plus": KEY, "gdn2": KEY}
+GATE_MODES = ("random", "zero", "one", "binary", "interior")
+
+
+def seed_of(*parts):
+  """A stable seed from a test's parametrisation, so each check draws its own inputs."""
+  return zlib.crc32(repr(parts).encode())
+
+
+def value_dim(mixer, K, V):
+  """FG2-GDN scales k and v by the same gate, so it needs V == K."""
+  return K if mixer == "fg2" else V
+
+
+def arg_names(mixer):
+  return ("q", "k", "v", "g") + tuple(name for name, _ in GATES[mixer])
+
+
+def _log_decay(rng, shape, decay_scale):
+  if decay_scale == "mixed":  # every regime at once: log-uniform per-step decay in [1e-3, 30]
+    return -np.exp(rng.uniform(np.log(1e-3), np.log(30.0), shape))
+  return -decay_scale * rng.uniform(0.5, 1.5, shape)
+
+
+def _gate(rng, shape, gate_mode):
+  if gate_mode == "random":
+    return rng.uniform(0.0, 1.0, shape)
+  if gate_mode == "zero":
+    return np.zeros(shape)
+  if gate_mode == "one":
+    return np.ones(shape)
+  if gate_mode == "binary":  # every entry exactly 0 or exactly 1
+    return (rng.uniform(size=shape) < 0.5).astype(np.float64)
+  if gate_mode == "interior":  # away from 0, where d sqrt(beta) / d beta is unbounded
+    return rng.uniform(0.1, 0.9, shape)
+  raise ValueError(f"unknown gate_mode {gate_mode!r}")
+
+
+def make_inputs(mixer, B, T, H, K, V, decay_scale, gate_mode, seed, dtype=jnp.float32, *,
+                initial_state=True, normalize_k=False):
+  """Random inputs of `mixer` in call order, cast to `dtype` (the initial state to at least fp32).
+
+  decay_scale: a number s (g = -s * U(0.5, 1.5) per step) or "mixed" (log-uniform in [1e-3, 30]).
+  gate_mode: one of GATE_MODES. normalize_k: L2-normalise k here, for calls without
+  use_qk_l2norm (unit keys keep the recurrence contractive).
+  """
+  dims = {"B": B, "T": T, "H": H, "K": K, "V": V}
+
+  def shape(names):
+    return tuple(dims[n] for n in names)
+
+  rng = np.random.default_rng(seed)
+  k = rng.standard_normal(shape(KEY))
+  if normalize_k:
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+  inputs = {
+      "q": rng.standard_normal(shape(KEY)),
+      "k": k,
+      "v": rng.standard_normal(shape(VALUE)),
+      "g": _log_decay(rng, shape(DECAY[mixer]), decay_scale),
+  }
+  for name, names in GATES[mixer]:
+    inputs[name] = _gate(rng, shape(names), gate_mode)
+  inputs["initial_state"] = rng.standard_normal((B, H, K, V)) if initial_state else None
+  return cast(inputs, dtype)
+
+
+def cast(inputs, dtype, state_dtype=None):
+  """Casts every array to `dtype`; the initial state to `state_dtype` (default: at least fp32)."""
+  if state_dtype is None:
+    state_dtype = jnp.promote_types(dtype, jnp.float32)
+  return {name: None if x is None else jnp.asarray(x, state_dtype if name == "initial_state" else dtype)
+          for name, x in inputs.items()}
+
+
+def call(mixer, inputs, **options):
+  """Calls the public op of `mixer` on an inputs dict; options are its keyword arguments."""
+  args = [inputs[name] for name in arg_names(mixer)]
+  return FUNCTIONS[mixer](*args, initial_state=inputs["initial_state"], **options)
+
+
+def cotangents(o_shape, state_shape, seed, dtype=jnp.float32):
+  """Random weights r_o, r_s of the test loss."""
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.standard_normal(o_shape), dtype),
+          jnp.asarray(rng.standard_normal(state_shape), dtype))
+
+
+def loss(o, final_state, r_o, r_s):
+  """SPEC section 6: sum(o * r_o) + sum(S_T * r_s), accumulated in the weights' dtype."""
+  return jnp.sum(o.astype(r_o.dtype) * r_o) + jnp.sum(final_state.astype(r_s.dtype) * r_s)
+
+
+def outputs_and_grads(mixer, inputs, r_o, r_s, *, jit=True, **options):
+  """(o, final state, {name: d loss / d name}) for every array in `inputs`, in one jitted call."""
+  arrays = {name: x for name, x in inputs.items() if x is not None}
+
+  def objective(arrays):
+    o, final_state = call(mixer, {**inputs, **arrays}, output_final_state=True, **options)
+    return loss(o, final_state, r_o, r_s), (o, final_state)
+
+  grad_fn = jax.grad(objective, has_aux=True)
+  grads, (o, final_state) = (jax.jit(grad_fn) if jit else grad_fn)(arrays)
+  return o, final_state, grads
+
+
+def rel_err(x, ref):
+  """||x - ref|| / ||ref|| in float64. A reference of exactly zero only accepts exactly zero."""
+  x = np.asarray(x, np.float64)
+  ref = np.asarray(ref, np.float64)
+  if x.shape != ref.shape:
+    raise AssertionError(f"shape {x.shape} != reference shape {ref.shape}")
+  diff = np.linalg.norm(x - ref)
+  scale = np.linalg.norm(ref)
+  if scale == 0.0:
+    return 0.0 if diff == 0.0 else np.inf
+  return diff / scale
+
+
+def assert_close(actual, reference, tol, context=""):
+  """Every entry of `actual` is finite and within `tol` (relative norm) of `reference`.
+
+  actual, reference: dicts name -> array with the same keys. Reports every entry on failure.
+  """
+  assert actual.keys() == reference.keys(), (sorted(actual), sorted(reference))
+  lines, failed = [], False
+  for name in reference:
+    x = np.asarray(actual[name], np.float64)
+    finite = bool(np.all(np.isfinite(x)))
+    err = rel_err(x, reference[name]) if finite else np.nan
+    bad = not finite or not err <= tol
+    failed |= bad
+    lines.append(f"  {name:>16}: {'NON-FINITE' if not finite else f'{err:.3e}'}{'  <-- FAIL' if bad else ''}")
+  assert not failed, f"{context} (tolerance {tol:.0e}, ||x - ref|| / ||ref||):\n" + "\n".join(lines)
+
+
+def results(o, final_state, grads=None):
+  """Flattens a run into the dict that `assert_close` compares."""
+  out = {"o": o, "final_state": final_state}
+  for name, grad in (grads or {}).items():
+    out[f"d_{name}"] = grad
+  return out
