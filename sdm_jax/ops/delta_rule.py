@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from sdm_jax.ops.chunk import delta_rule_chunk
+from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.validation import check_options, check_shape
 
@@ -25,11 +26,13 @@ def l2norm(x, eps=1e-6):
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64):
+def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64,
+                           io_dtype=None):
   """Runs the generalized rule on already-formed keys and values.
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
   initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
+  io_dtype: the dtype q, u, e, z are stored in for impl="pallas" (default: that of z).
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
   check_options(impl, chunk_size)
@@ -40,6 +43,7 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
+  io_dtype = z.dtype if io_dtype is None else io_dtype
   B, T, H, K = q.shape
   V = z.shape[-1]
   if g.ndim == 3:
@@ -48,7 +52,8 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   scale = K**-0.5 if scale is None else scale
   state = jnp.zeros((B, H, K, V), acc) if initial_state is None else initial_state.astype(acc)
   if impl == "pallas":
-    raise NotImplementedError("impl='pallas': the Pallas kernels are not built yet; use impl='chunk' or 'scan'")
+    o, final_state = delta_rule_pallas(q, u, e, z, g, scale, state, chunk_size, io_dtype)
+    return o.astype(acc), final_state.astype(acc)
   if impl == "scan":
     return delta_rule_scan(q, u, e, z, g, scale, state)
   return delta_rule_chunk(q, u, e, z, g, scale, state, chunk_size)
@@ -77,5 +82,6 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   q, k, z_in = (x.astype(acc) for x in (q, k, v))
   u, e, z, g = build(k, z_in, *[x.astype(acc) for x in arrays])
   o, final_state = generalized_delta_rule(
-      q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size)
+      q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size,
+      io_dtype=v.dtype)
   return o.astype(v.dtype), final_state if output_final_state else None

@@ -1,0 +1,1 @@
+"""Measuring the ops and models: random op inputs, impl comparison, throughput."""

@@ -1,0 +1,92 @@
+"""flash-linear-attention's Triton kernels (fla-core 0.6.0) as the peer, imported only when asked for.
+
+In fla-core 0.6.0:
+  fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, ..., **kwargs)   (chunk_size=32 or 64 via kwargs)
+  fla.ops.gdn2.chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False,
+                          use_qk_l2norm_in_kernel=False, ..., **kwargs)  (chunk_size must be 64)
+Both use our layout ([B, T, H, K] for q, k, g, b; [B, T, H, V] for v, w; beta [B, T, H]), take g
+as the natural-log decay (with use_gate_in_kernel=False, the default), scale K**-0.5 by default
+and an fp32 initial state, so our inputs go over unchanged; use_qk_l2norm_in_kernel=True matches
+use_qk_l2norm=True. fla's chunk_gated_delta_rule is left out (SPEC.md section 7).
+"""
+
+import importlib
+import statistics
+
+import numpy as np
+
+PEER_OPS = {"kda": ("fla.ops.kda", "chunk_kda"), "gdn2": ("fla.ops.gdn2", "chunk_gdn2")}
+
+
+def load_peer(mixer):
+  """Returns (op, description), or (None, why there is no peer for `mixer` here)."""
+  if mixer not in PEER_OPS:
+    return None, f"no fla peer for {mixer}"
+  try:
+    import torch
+  except ImportError:
+    return None, "torch is not installed"
+  if not torch.cuda.is_available():
+    return None, "torch sees no CUDA device"
+  module_name, name = PEER_OPS[mixer]
+  try:
+    op = getattr(importlib.import_module(module_name), name)
+    import fla
+    import triton
+  except Exception as error:  # an old or broken fla fails in many ways; report it and go on
+    return None, f"cannot import {module_name}.{name}: {type(error).__name__}: {error}"
+  versions = f"fla {getattr(fla, '__version__', '?')}, torch {torch.__version__}, triton {triton.__version__}"
+  return op, f"{module_name}.{name} ({versions})"
+
+
+def _to_torch(x, requires_grad=False):
+  import torch
+  x = np.asarray(x)
+  if x.dtype.name == "bfloat16":  # numpy has no bf16 of its own; the fp32 round trip is exact
+    tensor = torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
+  else:
+    tensor = torch.from_numpy(np.ascontiguousarray(x)).cuda()
+  return tensor.requires_grad_(requires_grad)
+
+
+def _cuda_median_ms(fn, arg_sets, reps):
+  import torch
+  for args in arg_sets:  # warm-up, and Triton's autotuning, outside the timed runs
+    fn(*args)
+  times = []
+  for i in range(reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn(*arg_sets[i % len(arg_sets)])
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_time(end))
+  return statistics.median(times)
+
+
+def time_peer(op, arg_sets, readout, reps):
+  """Times op's forward and forward+backward (vjp with cotangent `readout` w.r.t. every input).
+
+  arg_sets: dicts of arrays in the op's argument order (q, k, v, g, gates); readout: [B, T, H, V].
+  Returns ({"fwd_ms", "fwd_bwd_ms"}, o of the first set as np.float32).
+  """
+  import torch
+  sets = [[_to_torch(x, requires_grad=True) for x in args.values()] for args in arg_sets]
+  cotangent = _to_torch(readout).to(sets[0][2].dtype)
+
+  def forward(*xs):
+    with torch.no_grad():
+      return op(*xs, use_qk_l2norm_in_kernel=True)[0]
+
+  def forward_backward(*xs):
+    o, _ = op(*xs, use_qk_l2norm_in_kernel=True)
+    return torch.autograd.grad(o, xs, grad_outputs=cotangent)
+
+  timings = {"fwd_ms": _cuda_median_ms(forward, sets, reps),
+             "fwd_bwd_ms": _cuda_median_ms(forward_backward, sets, reps)}
+  o = forward(*sets[0]).float().cpu().numpy()
+  del sets
+  torch.cuda.empty_cache()  # JAX shares this GPU
+  return timings, o

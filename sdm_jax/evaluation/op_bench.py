@@ -1,0 +1,170 @@
+"""Throughput of the mixer ops over shapes (SPEC.md section 7), with flash-linear-attention as the peer.
+
+Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
+sum(o * r) w.r.t. every input): median of `reps` warm, device-synchronised runs that rotate
+between 3 input sets. A config that fails (OOM, an impl not built) is recorded with its error
+and the sweep goes on.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from sdm_jax.evaluation import fla_peer
+from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
+from sdm_jax.evaluation.timing import compile_timed, median_ms
+
+INPUT_SETS = 3
+PEER = "fla"
+
+
+def parse_shapes(text):
+  """'8x2048,1x16384' -> [(8, 2048), (1, 16384)]."""
+  try:
+    return [tuple(int(n) for n in item.lower().split("x")) for item in text.split(",") if item]
+  except ValueError:
+    raise ValueError(f"shapes: expected a list like 8x2048,1x16384, got {text!r}") from None
+
+
+def _record(mixer, impl, B, T, timings=None, error=None, **extra):
+  record = {"mixer": mixer, "impl": impl, "B": B, "T": T, "tokens": B * T, "error": error, **extra}
+  for part in ("fwd", "fwd_bwd"):
+    ms = timings[f"{part}_ms"] if timings else None
+    record[f"{part}_ms"] = ms
+    record[f"{part}_tokens_per_s"] = B * T / (ms * 1e-3) if ms else None
+  return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith("compile")}}
+
+
+def _error_text(error):
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def time_impl(fn, arg_sets, readout, impl, chunk_size, reps):
+  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms}, o of the first set)."""
+  def forward(args):
+    return fn(args, impl=impl, chunk_size=chunk_size)[0]
+
+  fwd, compile_fwd_s = compile_timed(forward, arg_sets[0])
+  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True),
+                                       arg_sets[0], readout, None)
+  timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
+             "fwd_ms": median_ms(fwd, [(args,) for args in arg_sets], reps),
+             "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps)}
+  return timings, np.asarray(fwd(arg_sets[0]), np.float32)
+
+
+def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, log=print):
+  """Times every (mixer, impl, shape), and the fla peer where `peer` and it loads.
+
+  Returns (records, peer_notes {mixer: description or why skipped}). Our records carry
+  `vs_peer_fwd` / `vs_peer_fwd_bwd` = peer ms / our ms (above 1: faster than the peer).
+  """
+  records, peer_notes = [], {}
+  for mixer in mixers:
+    peer_op = None
+    if peer:
+      peer_op, peer_notes[mixer] = fla_peer.load_peer(mixer)
+      log(f"peer for {mixer}: {peer_notes[mixer]}")
+    for B, T in shapes:
+      ours, o_ref = [], None
+      try:
+        built = [make_op_inputs(mixer, B, T, H, K, V, dtype, seed + 10 * i, initial_state=False)
+                 for i in range(INPUT_SETS)]
+        fn, arg_sets = built[0][0], [args for _, args in built]
+        readout, _ = make_readouts(B, T, H, K, V, dtype, seed, state=False)
+      except Exception as error:
+        records += [_record(mixer, impl, B, T, error=_error_text(error)) for impl in impls]
+        continue
+      for impl in impls:
+        log(f"{mixer} {impl} {B}x{T}: compiling and timing...")
+        try:
+          timings, o = time_impl(fn, arg_sets, readout, impl, chunk_size, reps)
+          ours.append(_record(mixer, impl, B, T, timings))
+          o_ref = o if o_ref is None else o_ref
+        except Exception as error:
+          ours.append(_record(mixer, impl, B, T, error=_error_text(error)))
+          log(f"  failed: {ours[-1]['error']}")
+      records += ours
+      if peer_op is not None:
+        log(f"{mixer} {PEER} {B}x{T}: timing...")
+        records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours))
+      del arg_sets, built
+  return records, peer_notes
+
+
+def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours):
+  try:
+    host_sets = [{name: np.asarray(x) for name, x in args.items()} for args in arg_sets]
+    timings, o = fla_peer.time_peer(peer_op, host_sets, np.asarray(readout), reps)
+  except Exception as error:
+    return _record(mixer, PEER, B, T, error=_error_text(error))
+  # The peer must compute what we compute, or the ratio means nothing.
+  rel = None if o_ref is None else float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref))
+  for record in ours:
+    for part in ("fwd", "fwd_bwd"):
+      if record[f"{part}_ms"]:
+        record[f"vs_peer_{part}"] = timings[f"{part}_ms"] / record[f"{part}_ms"]
+  return _record(mixer, PEER, B, T, timings, out_rel_err_vs_ours=rel)
+
+
+def _fmt(x, spec):
+  return "-" if x is None else format(x, spec)
+
+
+def format_table(records):
+  """A markdown table: one row per (mixer, impl, shape)."""
+  lines = ["| mixer | impl | B x T | fwd ms | fwd Mtok/s | fwd+bwd ms | fwd+bwd Mtok/s | vs fla fwd | "
+           "vs fla fwd+bwd | note |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in records:
+    note = r["error"] or ""
+    if r.get("out_rel_err_vs_ours") is not None:
+      note = f"o rel err vs ours {r['out_rel_err_vs_ours']:.1e}"
+    mtoks = [None if r[f"{p}_tokens_per_s"] is None else r[f"{p}_tokens_per_s"] / 1e6 for p in ("fwd", "fwd_bwd")]
+    ratios = [None if r.get(f"vs_peer_{p}") is None else f"{r[f'vs_peer_{p}']:.2f}x" for p in ("fwd", "fwd_bwd")]
+    cells = [r["mixer"], r["impl"], f"{r['B']}x{r['T']}", _fmt(r["fwd_ms"], ".3f"), _fmt(mtoks[0], ".2f"),
+             _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-", ratios[1] or "-", note]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot_throughput(records, path):
+  """tokens/s against sequence length, forward and forward+backward, a line per (mixer, impl)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+  series = sorted({(r["mixer"], r["impl"]) for r in records})
+  for ax, part, title in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
+    for mixer, impl in series:
+      points = sorted((r["T"], r[f"{part}_tokens_per_s"]) for r in records
+                      if (r["mixer"], r["impl"]) == (mixer, impl) and r[f"{part}_tokens_per_s"])
+      if points:
+        ax.plot(*zip(*points), marker="o", linestyle="--" if impl == PEER else "-", label=f"{mixer} {impl}")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="tokens / s", title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_report(records, meta, out_dir, tag):
+  """Writes <out_dir>/<date>_<tag>.{json,md,png}; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
+  paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
+  with open(paths["json"], "w") as f:
+    json.dump({**meta, "results": records}, f, indent=2)
+  header = [f"# Op throughput: {tag}", ""]
+  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "config", "command")]
+  header += [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
+  header += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time", ""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(header) + "\n" + format_table(records) + "\n")
+  plot_throughput(records, paths["png"])
+  return paths

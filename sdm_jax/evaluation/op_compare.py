@@ -1,0 +1,84 @@
+"""Holds the implementations of one mixer to each other: outputs, final state, every gradient, timings.
+
+The first impl is the reference. Each impl is jitted twice: the forward alone, and
+jax.value_and_grad of loss = sum(o * r_o) + sum(S_T * r_s) over all inputs at once, whose
+auxiliary output gives o and S_T, so the compared numbers are those of a training step.
+"""
+
+import jax
+import numpy as np
+
+from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
+from sdm_jax.evaluation.timing import compile_timed, median_ms
+
+
+def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
+  """Returns (quantities {name: np.ndarray}, timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms})."""
+  def forward(args):
+    return fn(args, impl=impl, chunk_size=chunk_size)
+
+  log(f"compiling {impl} fwd...")
+  fwd, compile_fwd_s = compile_timed(forward, args)
+  log(f"compiling {impl} fwd+bwd...")
+  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True),
+                                       args, *readouts)
+  (_, (o, final_state)), grads = step(args, *readouts)
+  log(f"timing {impl} ({reps} warm runs each)...")
+  timings = {
+      "compile_fwd_s": compile_fwd_s,
+      "compile_fwd_bwd_s": compile_step_s,
+      "fwd_ms": median_ms(fwd, [(args,)], reps),
+      "fwd_bwd_ms": median_ms(step, [(args, *readouts)], reps),
+  }
+  quantities = {"o": o, "final_state": final_state, **{f"d{name}": grads[name] for name in args}}
+  return {name: np.asarray(x, np.float64) for name, x in quantities.items()}, timings
+
+
+def error_row(name, x, ref):
+  """{quantity, rel_err = ||x - ref|| / ||ref||, max_abs, finite} for one compared quantity."""
+  diff = np.linalg.norm(x - ref)
+  norm = np.linalg.norm(ref)
+  rel = diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
+  finite = bool(np.isfinite(x).all() and np.isfinite(ref).all())
+  return {"quantity": name, "rel_err": float(rel), "max_abs": float(np.max(np.abs(x - ref), initial=0.0)),
+          "finite": finite}
+
+
+def compare_impls(mixer, impls, *, B, T, H, K, V, dtype, chunk_size=64, seed=0, initial_state=True,
+                  reps=5, log=print):
+  """Runs `impls` of `mixer` on one random input set and compares each with impls[0].
+
+  Returns {"config", "timings": {impl: ...}, "comparisons": {"<ref> vs <impl>": [error_row, ...]},
+  "all_finite"}.
+  """
+  if len(impls) < 2:
+    raise ValueError(f"impls: expected at least two impls to compare, got {impls}")
+  fn, args = make_op_inputs(mixer, B, T, H, K, V, dtype, seed, initial_state=initial_state)
+  readouts = make_readouts(B, T, H, K, V, dtype, seed)
+  results = {impl: run_impl(fn, args, readouts, impl, chunk_size, reps, log) for impl in impls}
+  ref_name, (ref, _) = impls[0], results[impls[0]]
+  comparisons = {f"{ref_name} vs {impl}": [error_row(name, results[impl][0][name], ref[name]) for name in ref]
+                 for impl in impls[1:]}
+  config = {"mixer": mixer, "impls": list(impls), "B": B, "T": T, "H": H, "K": K, "V": V,
+            "dtype": str(np.dtype(dtype)), "chunk_size": chunk_size, "seed": seed, "initial_state": initial_state}
+  return {
+      "config": config,
+      "timings": {impl: timings for impl, (_, timings) in results.items()},
+      "comparisons": comparisons,
+      "all_finite": all(row["finite"] for rows in comparisons.values() for row in rows),
+  }
+
+
+def format_report(report):
+  """The comparison tables and the timing table as plain text."""
+  c = report["config"]
+  lines = [f"{c['mixer']}  B={c['B']} T={c['T']} H={c['H']} K={c['K']} V={c['V']} {c['dtype']} "
+           f"chunk_size={c['chunk_size']} initial_state={c['initial_state']}"]
+  for pair, rows in report["comparisons"].items():
+    lines += ["", pair, f"{'quantity':<16} {'rel err':>10} {'max abs':>10}  finite?"]
+    lines += [f"{r['quantity']:<16} {r['rel_err']:>10.2e} {r['max_abs']:>10.2e}  {'yes' if r['finite'] else 'NO'}"
+              for r in rows]
+  lines += ["", f"{'impl':<8} {'compile fwd s':>13} {'compile fwd+bwd s':>17} {'fwd ms':>10} {'fwd+bwd ms':>11}"]
+  lines += [f"{impl:<8} {t['compile_fwd_s']:>13.2f} {t['compile_fwd_bwd_s']:>17.2f} {t['fwd_ms']:>10.3f} "
+            f"{t['fwd_bwd_ms']:>11.3f}" for impl, t in report["timings"].items()]
+  return "\n".join(lines)
