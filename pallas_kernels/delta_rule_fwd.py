@@ -142,26 +142,19 @@ def _params(num_warps, num_stages):
   return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "interpret"))
-def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=32, interpret=False):
-  """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
-
-  T must be a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64, 128}.
-  """
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "interpret"))
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, interpret=False):
+  """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C] (in z.dtype)."""
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
-  N = T // C
-  block_v = min(block_v, V)
   sq = pl.squeezed
-  io_dtype = z.dtype
-
   chunk_spec = lambda d: pl.BlockSpec((sq, C, sq, d), lambda b, h, n: (b, n, h, 0))
-  y, w, aqk = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_intra_chunk_kernel, n_sub=C // SUB, scale=scale, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io_dtype), jax.ShapeDtypeStruct((B, T, H, V), io_dtype),
-                 jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
-      grid=(B, H, N),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), z.dtype), jax.ShapeDtypeStruct((B, T, H, V), z.dtype),
+                 jax.ShapeDtypeStruct((B, T, H, C), z.dtype)),
+      grid=(B, H, T // C),
       in_specs=[chunk_spec(K)] * 3 + [chunk_spec(V), chunk_spec(K)],
       out_specs=(chunk_spec(K), chunk_spec(V), chunk_spec(C)),
       compiler_params=_params(4, 1),
@@ -169,23 +162,44 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
       name="delta_rule_intra_chunk",
   )(q, u, e, z, g)
 
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "num_stages", "interpret"))
+def state_pass(q, u, g, y, w, aqk, initial_state, *, scale, chunk_size, block_v=32, num_stages=1,
+               interpret=False):
+  """Sequential over chunks: o [B, T, H, V] in w.dtype and the final state [B, H, K, V] fp32."""
+  B, T, H, K = q.shape
+  V = w.shape[-1]
+  block_v = min(block_v, V)
+  io_dtype = w.dtype
+  sq = pl.squeezed
   # fp32 inputs keep near-fp32 products; bf16 inputs multiply in bf16 with fp32 accumulation.
   if io_dtype == jnp.float32:
     state_dot = functools.partial(_dot, precision=_precisions(interpret)[0])
   else:
     state_dot = lambda a, b: _dot(a.astype(io_dtype), b.astype(io_dtype), None)
-
   seq_spec = lambda d: pl.BlockSpec((sq, T, sq, d), lambda b, h, j: (b, 0, h, 0))
   seq_tile = pl.BlockSpec((sq, T, sq, block_v), lambda b, h, j: (b, 0, h, j))
   state_tile = pl.BlockSpec((sq, sq, K, block_v), lambda b, h, j: (b, h, 0, j))
-  o, final_state = pl.pallas_call(
-      functools.partial(_state_pass_kernel, chunk_size=C, num_chunks=N, scale=scale, state_dot=state_dot),
+  return pl.pallas_call(
+      functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=T // chunk_size, scale=scale,
+                        state_dot=state_dot),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io_dtype), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)),
       grid=(B, H, V // block_v),
-      in_specs=[seq_spec(K), seq_spec(K), seq_spec(K), seq_spec(K), seq_tile, seq_spec(C), state_tile],
+      in_specs=[seq_spec(K), seq_spec(K), seq_spec(K), seq_spec(K), seq_tile, seq_spec(chunk_size), state_tile],
       out_specs=(seq_tile, state_tile),
-      compiler_params=_params(4, 2),
+      compiler_params=_params(4, num_stages),
       interpret=interpret,
       name="delta_rule_state_pass",
   )(q, u, g, y, w, aqk, initial_state)
-  return o, final_state
+
+
+def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=32, num_stages=1,
+                   interpret=False):
+  """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
+
+  q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
+  T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64, 128}.
+  """
+  y, w, aqk = intra_chunk(q, u, e, z, g, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  return state_pass(q, u, g, y, w, aqk, initial_state, scale=scale, chunk_size=chunk_size, block_v=block_v,
+                    num_stages=num_stages, interpret=interpret)

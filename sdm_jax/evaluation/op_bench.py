@@ -91,7 +91,6 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
       if peer_op is not None:
         log(f"{mixer} {PEER} {B}x{T}: timing...")
         records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours))
-      del arg_sets, built
   return records, peer_notes
 
 
@@ -139,14 +138,18 @@ def plot_throughput(records, path):
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
   series = sorted({(r["mixer"], r["impl"]) for r in records})
+  seq_lens = sorted({r["T"] for r in records})
   for ax, part, title in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
     for mixer, impl in series:
       points = sorted((r["T"], r[f"{part}_tokens_per_s"]) for r in records
                       if (r["mixer"], r["impl"]) == (mixer, impl) and r[f"{part}_tokens_per_s"])
       if points:
         ax.plot(*zip(*points), marker="o", linestyle="--" if impl == PEER else "-", label=f"{mixer} {impl}")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="tokens / s", title=title)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seq_lens, [str(T) for T in seq_lens])
+    ax.minorticks_off()
+    ax.set(yscale="log", xlabel="sequence length T", ylabel="tokens / s", title=title)
+    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -161,7 +164,8 @@ def write_report(records, meta, out_dir, tag):
   with open(paths["json"], "w") as f:
     json.dump({**meta, "results": records}, f, indent=2)
   header = [f"# Op throughput: {tag}", ""]
-  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "config", "command")]
+  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "command")]
+  header += [f"- config: `{json.dumps(meta['config'])}`"]
   header += [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
   header += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time", ""]
   with open(paths["md"], "w") as f:

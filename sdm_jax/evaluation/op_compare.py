@@ -6,6 +6,7 @@ auxiliary output gives o and S_T, so the compared numbers are those of a trainin
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
@@ -36,9 +37,9 @@ def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
 
 def error_row(name, x, ref):
   """{quantity, rel_err = ||x - ref|| / ||ref||, max_abs, finite} for one compared quantity."""
-  diff = np.linalg.norm(x - ref)
-  norm = np.linalg.norm(ref)
-  rel = diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
+  with np.errstate(invalid="ignore", over="ignore"):
+    diff, norm = np.linalg.norm(x - ref), np.linalg.norm(ref)
+    rel = diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
   finite = bool(np.isfinite(x).all() and np.isfinite(ref).all())
   return {"quantity": name, "rel_err": float(rel), "max_abs": float(np.max(np.abs(x - ref), initial=0.0)),
           "finite": finite}
@@ -60,7 +61,7 @@ def compare_impls(mixer, impls, *, B, T, H, K, V, dtype, chunk_size=64, seed=0, 
   comparisons = {f"{ref_name} vs {impl}": [error_row(name, results[impl][0][name], ref[name]) for name in ref]
                  for impl in impls[1:]}
   config = {"mixer": mixer, "impls": list(impls), "B": B, "T": T, "H": H, "K": K, "V": V,
-            "dtype": str(np.dtype(dtype)), "chunk_size": chunk_size, "seed": seed, "initial_state": initial_state}
+            "dtype": str(jnp.dtype(dtype)), "chunk_size": chunk_size, "seed": seed, "initial_state": initial_state}
   return {
       "config": config,
       "timings": {impl: timings for impl, (_, timings) in results.items()},

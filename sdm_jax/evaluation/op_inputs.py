@@ -8,8 +8,8 @@ decay g = log_sigmoid(N(1, 1)) (mostly in [-1, 0], fp32), gates sigmoid(N(0, 1))
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sdm_jax import ops
 
@@ -44,29 +44,27 @@ def make_op_inputs(mixer, B, T, H, K, V, dtype, seed, *, initial_state=True):
   if mixer not in MIXERS:
     raise ValueError(f"mixer: expected one of {sorted(MIXERS)}, got {mixer!r}")
   spec = MIXERS[mixer]
+  # Drawn with numpy: no compile per shape, and a peer in another framework gets the same numbers.
+  rng = np.random.default_rng(seed)
   dtype = jnp.dtype(dtype)
   acc = jnp.promote_types(jnp.float32, dtype)
   shapes = {"head": (B, T, H), "key": (B, T, H, K), "value": (B, T, H, V)}
-  keys = iter(jax.random.split(jax.random.key(seed), 4 + len(spec.gates)))
-  args = {
-      "q": jax.random.normal(next(keys), shapes["key"], dtype),
-      "k": jax.random.normal(next(keys), shapes["key"], dtype),
-      "v": jax.random.normal(next(keys), shapes["value"], dtype),
-      "g": jax.nn.log_sigmoid(1.0 + jax.random.normal(next(keys), shapes[spec.decay], acc)),
-  }
+  normal = lambda kind: rng.standard_normal(shapes[kind], np.float32)
+  args = {"q": normal("key").astype(dtype), "k": normal("key").astype(dtype), "v": normal("value").astype(dtype),
+          "g": (-np.logaddexp(0.0, -1.0 - normal(spec.decay))).astype(acc)}  # log_sigmoid(N(1, 1))
   for name, kind in spec.gates:
-    args[name] = jax.nn.sigmoid(jax.random.normal(next(keys), shapes[kind], acc)).astype(dtype)
+    args[name] = (1.0 / (1.0 + np.exp(-normal(kind)))).astype(dtype)
   if initial_state:
-    args["initial_state"] = jax.random.normal(jax.random.key(seed + 1), (B, H, K, V), acc)
-  return functools.partial(_apply, spec.op), args
+    args["initial_state"] = rng.standard_normal((B, H, K, V), np.float32).astype(acc)
+  return functools.partial(_apply, spec.op), {name: jnp.asarray(x) for name, x in args.items()}
 
 
 def make_readouts(B, T, H, K, V, dtype, seed, *, state=True):
   """Random r_o [B, T, H, V] and r_s [B, H, K, V] (None when state=False), in at least fp32."""
+  rng = np.random.default_rng([seed, 1])
   acc = jnp.promote_types(jnp.float32, dtype)
-  key_o, key_s = jax.random.split(jax.random.key(seed + 2))
-  r_s = jax.random.normal(key_s, (B, H, K, V), acc) if state else None
-  return jax.random.normal(key_o, (B, T, H, V), acc), r_s
+  r_o = jnp.asarray(rng.standard_normal((B, T, H, V), np.float32).astype(acc))
+  return r_o, jnp.asarray(rng.standard_normal((B, H, K, V), np.float32).astype(acc)) if state else None
 
 
 def make_loss(fn, impl, chunk_size):

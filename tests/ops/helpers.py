@@ -4,6 +4,7 @@ Inputs are a dict in call order -- q, k, v, g, the mixer's gates, then "initial_
 or None) -- so one helper calls any mixer and differentiates with respect to every array in it.
 """
 
+import functools
 import zlib
 
 import jax
@@ -110,7 +111,7 @@ def cast(inputs, dtype, state_dtype=None):
 def call(mixer, inputs, **options):
   """Calls the public op of `mixer` on an inputs dict; options are its keyword arguments."""
   args = [inputs[name] for name in arg_names(mixer)]
-  return FUNCTIONS[mixer](*args, initial_state=inputs["initial_state"], **options)
+  return FUNCTIONS[mixer](*args, initial_state=inputs.get("initial_state"), **options)
 
 
 def cotangents(o_shape, state_shape, seed, dtype=jnp.float32):
@@ -125,16 +126,24 @@ def loss(o, final_state, r_o, r_s):
   return jnp.sum(o.astype(r_o.dtype) * r_o) + jnp.sum(final_state.astype(r_s.dtype) * r_s)
 
 
-def outputs_and_grads(mixer, inputs, r_o, r_s, *, jit=True, **options):
-  """(o, final state, {name: d loss / d name}) for every array in `inputs`, in one jitted call."""
-  arrays = {name: x for name, x in inputs.items() if x is not None}
-
-  def objective(arrays):
-    o, final_state = call(mixer, {**inputs, **arrays}, output_final_state=True, **options)
+@functools.lru_cache(maxsize=None)
+def _grad_fn(mixer, jit, options):
+  def objective(arrays, r_o, r_s):
+    o, final_state = call(mixer, arrays, output_final_state=True, **dict(options))
     return loss(o, final_state, r_o, r_s), (o, final_state)
 
   grad_fn = jax.grad(objective, has_aux=True)
-  grads, (o, final_state) = (jax.jit(grad_fn) if jit else grad_fn)(arrays)
+  return jax.jit(grad_fn) if jit else grad_fn
+
+
+def outputs_and_grads(mixer, inputs, r_o, r_s, *, jit=True, **options):
+  """(o, final state, {name: d loss / d name}) for every array in `inputs`.
+
+  The jitted function is built once per (mixer, options), so inputs of the same shapes share one
+  compilation -- the chunked backward takes seconds to compile on CPU.
+  """
+  arrays = {name: x for name, x in inputs.items() if x is not None}
+  grads, (o, final_state) = _grad_fn(mixer, jit, tuple(sorted(options.items())))(arrays, r_o, r_s)
   return o, final_state, grads
 
 
@@ -151,10 +160,10 @@ def rel_err(x, ref):
   return diff / scale
 
 
-def assert_close(actual, reference, tol, context=""):
-  """Every entry of `actual` is finite and within `tol` (relative norm) of `reference`.
+def error_report(actual, reference, tol):
+  """(failed, one line per entry): every entry of `actual` finite and within `tol` of `reference`.
 
-  actual, reference: dicts name -> array with the same keys. Reports every entry on failure.
+  actual, reference: dicts name -> array with the same keys.
   """
   assert actual.keys() == reference.keys(), (sorted(actual), sorted(reference))
   lines, failed = [], False
@@ -165,7 +174,13 @@ def assert_close(actual, reference, tol, context=""):
     bad = not finite or not err <= tol
     failed |= bad
     lines.append(f"  {name:>16}: {'NON-FINITE' if not finite else f'{err:.3e}'}{'  <-- FAIL' if bad else ''}")
-  assert not failed, f"{context} (tolerance {tol:.0e}, ||x - ref|| / ||ref||):\n" + "\n".join(lines)
+  return failed, "\n".join(lines)
+
+
+def assert_close(actual, reference, tol, context=""):
+  """Asserts `error_report` passes; on failure the message lists the error of every entry."""
+  failed, report = error_report(actual, reference, tol)
+  assert not failed, f"{context} (tolerance {tol:.0e}, ||x - ref|| / ||ref||):\n{report}"
 
 
 def results(o, final_state, grads=None):

@@ -1,0 +1,1 @@
+"""absl entry points: `python -m experiments.<tool> --flags` from the repository root."""

@@ -1,0 +1,87 @@
+"""The measuring tools behind experiments/compare_impls.py and experiments/bench_ops.py, on tiny CPU shapes."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax.evaluation import fla_peer
+from sdm_jax.evaluation.op_bench import parse_shapes, run_sweep, write_report
+from sdm_jax.evaluation.op_compare import compare_impls, error_row, format_report
+from sdm_jax.evaluation.op_inputs import MIXERS, make_op_inputs
+from sdm_jax.evaluation.timing import run_metadata
+
+GATE_GRADS = {"gdn": {"dbeta"}, "gdn2": {"db", "dw"}}
+
+
+def quiet(line):
+  del line
+
+
+@pytest.mark.parametrize("mixer", ["gdn2", "gdn"])
+def test_compare_impls_chunk_matches_scan(mixer):
+  report = compare_impls(mixer, ["scan", "chunk"], B=1, T=40, H=2, K=8, V=12, dtype="float32", chunk_size=16,
+                         reps=1, log=quiet)
+  rows = report["comparisons"]["scan vs chunk"]
+  names = {row["quantity"] for row in rows}
+  assert names == {"o", "final_state", "dq", "dk", "dv", "dg", "dinitial_state"} | GATE_GRADS[mixer]
+  for row in rows:
+    assert row["finite"] and row["rel_err"] < 1e-5, row
+  assert report["all_finite"]
+  for timings in report["timings"].values():
+    assert timings["fwd_ms"] > 0 and timings["fwd_bwd_ms"] > 0
+  assert "dinitial_state" in format_report(report)
+
+
+def test_error_row_measures_relative_error_and_flags_non_finite():
+  ref = np.array([3.0, 4.0])
+  row = error_row("o", np.array([3.0, 4.5]), ref)
+  assert row["rel_err"] == pytest.approx(0.1) and row["max_abs"] == pytest.approx(0.5) and row["finite"]
+  assert not error_row("o", np.array([3.0, np.nan]), ref)["finite"]
+  assert not error_row("o", ref, np.array([np.inf, 4.0]))["finite"]
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_op_inputs_are_in_range(mixer):
+  fn, args = make_op_inputs(mixer, 2, 9, 3, 4, 4, "bfloat16", 0)
+  assert args["q"].dtype == jnp.bfloat16 and args["g"].dtype == jnp.float32
+  assert float(args["g"].max()) <= 0 and float(args["g"].min()) < -0.1
+  for name, _ in MIXERS[mixer].gates:
+    assert 0 <= float(args[name].min()) and float(args[name].max()) <= 1
+  o, final_state = jax.jit(lambda args: fn(args, impl="scan", chunk_size=16))(args)
+  assert o.shape == (2, 9, 3, 4) and final_state.shape == (2, 3, 4, 4)
+
+
+def test_parse_shapes():
+  assert parse_shapes("8x2048,1x16384") == [(8, 2048), (1, 16384)]
+  with pytest.raises(ValueError, match="shapes"):
+    parse_shapes("8by2048")
+
+
+def test_bench_sweep_records_failures_and_writes_report(tmp_path):
+  records, peers = run_sweep(["gdn2"], ["chunk", "no_such_impl"], [(1, 32)], H=2, K=8, V=8, dtype="float32",
+                             chunk_size=16, reps=2, peer=False, log=quiet)
+  assert peers == {}
+  good, bad = records
+  assert good["error"] is None and good["fwd_ms"] > 0 and good["fwd_bwd_ms"] > 0
+  assert good["fwd_tokens_per_s"] == pytest.approx(32 / (good["fwd_ms"] * 1e-3))
+  assert bad["fwd_ms"] is None and "ValueError" in bad["error"] and "no_such_impl" in bad["error"]
+
+  meta = {**run_metadata(), "config": {"reps": 2}, "peer": {"gdn2": "skipped in the test"}}
+  paths = write_report(records, meta, str(tmp_path), "tiny")
+  with open(paths["json"]) as f:
+    saved = json.load(f)
+  assert {"date", "device", "command", "jax_version", "config", "peer", "results"} <= set(saved)
+  assert saved["results"] == records
+  with open(paths["md"]) as f:
+    markdown = f.read()
+  assert "| gdn2 | chunk | 1x32 |" in markdown and "skipped in the test" in markdown
+  with open(paths["png"], "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_peer_is_skipped_with_a_reason():
+  op, reason = fla_peer.load_peer("gdn")
+  assert op is None and "no fla peer" in reason

@@ -1,0 +1,95 @@
+"""impl="chunk" in fp32 against the float64 scan: outputs, final state and every gradient (SPEC section 6).
+
+Each axis of the SPEC sweep (T, decay strength, gate extremes, initial state, chunk size, where the
+keys are normalised) is covered by a few cases per mixer rather than by the full product.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from helpers import MIXERS, assert_close, call, cast, cotangents, error_report, make_inputs, outputs_and_grads
+from helpers import results, seed_of, value_dim
+
+B, H, K, V = 2, 2, 16, 32
+TOL = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """What changes the compiled program; `variants` (decay scale, gate mode) are only data."""
+  T: int
+  h0: bool  # pass an initial state
+  chunk: int
+  l2norm: bool  # use_qk_l2norm=True, else k is normalised by the test
+  variants: tuple
+
+  def __str__(self):
+    return f"T{self.T}-{'h0' if self.h0 else 'noh0'}-C{self.chunk}-{'l2norm' if self.l2norm else 'unitk'}"
+
+
+# Exact-zero gates only with an initial state: without one nothing is ever written and o == 0.
+CONFIGS = [
+    Config(T=1, h0=True, chunk=64, l2norm=True, variants=((0.1, "random"), (30.0, "zero"))),
+    Config(T=63, h0=False, chunk=16, l2norm=True, variants=((0.01, "random"), (1.0, "binary"))),
+    Config(T=64, h0=True, chunk=64, l2norm=False, variants=((1.0, "one"), (0.01, "random"))),
+    Config(T=65, h0=True, chunk=32, l2norm=True,
+           variants=((30.0, "random"), (0.3, "zero"), (30.0, "zero"), ("mixed", "binary"))),
+    Config(T=200, h0=False, chunk=32, l2norm=False,
+           variants=((0.01, "random"), ("mixed", "binary"), (0.01, "one"))),
+]
+
+
+def _inputs(mixer, T, decay, gates, h0, l2norm, seed):
+  return make_inputs(mixer, B, T, H, K, value_dim(mixer, K, V), decay, gates, seed, jnp.float32,
+                     initial_state=h0, normalize_k=not l2norm)
+
+
+def _weights(mixer, T, seed, dtype=jnp.float32):
+  Vm = value_dim(mixer, K, V)
+  return cotangents((B, T, H, Vm), (B, H, K, Vm), seed, dtype)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_chunk_matches_float64_scan(x64, mixer, config):
+  """Every variant of a config runs on one compilation; all failing variants are reported together."""
+  failures = []
+  for decay, gates in config.variants:
+    seed = seed_of(mixer, str(config), decay, gates)
+    inputs = _inputs(mixer, config.T, decay, gates, config.h0, config.l2norm, seed)
+    r_o, r_s = _weights(mixer, config.T, seed + 1)
+    actual = results(*outputs_and_grads(mixer, inputs, r_o, r_s, impl="chunk", chunk_size=config.chunk,
+                                        use_qk_l2norm=config.l2norm))
+    assert {name: x.dtype for name, x in actual.items()} == {name: jnp.float32 for name in actual}
+    reference = results(*outputs_and_grads(mixer, cast(inputs, jnp.float64), r_o.astype(jnp.float64),
+                                           r_s.astype(jnp.float64), impl="scan", use_qk_l2norm=config.l2norm))
+    failed, report = error_report(actual, reference, TOL)
+    if failed:
+      failures.append(f"decay {decay}, gates {gates}:\n{report}")
+  assert not failures, (f"chunk fp32 vs scan float64, {mixer} {config} (tolerance {TOL:.0e}, "
+                        f"||x - ref|| / ||ref||):\n" + "\n".join(failures))
+
+
+def _forward(mixer, **options):
+  return jax.jit(lambda inputs: call(mixer, inputs, output_final_state=True, **options))
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_chunk_size_does_not_change_result(mixer):
+  inputs = _inputs(mixer, 100, "mixed", "random", True, True, seed_of("chunk_size", mixer))
+  small, large = (_forward(mixer, impl="chunk", chunk_size=chunk, use_qk_l2norm=True)(inputs) for chunk in (16, 64))
+  assert_close(results(*small), results(*large), TOL, f"chunk_size 16 vs 64, {mixer}")
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_padding_does_not_leak(mixer):
+  """T=65 pads the last chunk; it must give the first 65 outputs of the unpadded T=128 run."""
+  long = _inputs(mixer, 128, "mixed", "random", True, True, seed_of("padding", mixer))
+  short = {name: x if name == "initial_state" else x[:, :65] for name, x in long.items()}
+  run = _forward(mixer, impl="chunk", chunk_size=64, use_qk_l2norm=True)
+  o_short, _ = run(short)
+  o_long, _ = run(long)
+  assert_close({"o": o_short}, {"o": o_long[:, :65]}, 1e-6, f"T=65 vs T=128[:65], {mixer}")

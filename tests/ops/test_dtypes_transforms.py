@@ -1,0 +1,72 @@
+"""bf16 inputs, and the JAX transformations users apply to the ops: jit, vmap, grad under jit."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from helpers import MIXERS, assert_close, call, cast, cotangents, make_inputs, outputs_and_grads, results
+from helpers import seed_of, value_dim
+
+B, H, K, V = 2, 2, 16, 32
+
+
+def _inputs(mixer, T, seed):
+  return make_inputs(mixer, B, T, H, K, value_dim(mixer, K, V), "mixed", "random", seed)
+
+
+def _weights(mixer, T, seed):
+  Vm = value_dim(mixer, K, V)
+  return cotangents((B, T, H, Vm), (B, H, K, Vm), seed)
+
+
+def _forward(mixer, impl="chunk"):
+  def forward(inputs):
+    return call(mixer, inputs, impl=impl, chunk_size=16, use_qk_l2norm=True, output_final_state=True)
+  return forward
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_bf16_chunk_matches_fp32_scan(mixer):
+  """SPEC section 6: bf16 inputs within 1e-2 of the fp32 scan on the same (bf16-rounded) values."""
+  T, seed = 65, seed_of("bf16", mixer)
+  bf16_inputs = cast(_inputs(mixer, T, seed), jnp.bfloat16)  # the initial state stays fp32
+  assert bf16_inputs["initial_state"].dtype == jnp.float32
+  r_o, r_s = _weights(mixer, T, seed + 1)
+  o, final_state, grads = outputs_and_grads(mixer, bf16_inputs, r_o, r_s, impl="chunk", chunk_size=32,
+                                            use_qk_l2norm=True)
+  assert o.dtype == jnp.bfloat16
+  assert final_state.dtype == jnp.float32
+  assert {n: x.dtype for n, x in grads.items()} == {n: bf16_inputs[n].dtype for n in grads}
+  reference = outputs_and_grads(mixer, cast(bf16_inputs, jnp.float32), r_o, r_s, impl="scan", use_qk_l2norm=True)
+  assert_close(results(o, final_state, grads), results(*reference), 1e-2, f"bf16 chunk vs fp32 scan, {mixer}")
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_jit_matches_eager(mixer):
+  inputs = _inputs(mixer, 20, seed_of("jit", mixer))
+  forward = _forward(mixer)
+  assert_close(results(*jax.jit(forward)(inputs)), results(*forward(inputs)), 1e-6, f"jit vs eager, {mixer}")
+
+
+@pytest.mark.parametrize("impl", ["scan", "chunk"])
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_vmap_over_leading_axis_matches_loop(mixer, impl):
+  batches = [_inputs(mixer, 20, seed_of("vmap", mixer, impl, i)) for i in range(3)]
+  stacked = {name: jnp.stack([b[name] for b in batches]) for name in batches[0]}
+  forward = jax.jit(_forward(mixer, impl))
+  looped = [forward(b) for b in batches]
+  o, final_state = jax.jit(jax.vmap(forward))(stacked)
+  assert o.shape == (3,) + looped[0][0].shape and final_state.shape == (3,) + looped[0][1].shape
+  expected = results(jnp.stack([o for o, _ in looped]), jnp.stack([s for _, s in looped]))
+  assert_close(results(o, final_state), expected, 1e-6, f"vmap vs loop, {mixer} impl={impl}")
+
+
+@pytest.mark.parametrize("mixer", ["fg2", "gdn2"])  # the square-root gates and the two channel gates
+def test_grad_under_jit_matches_eager_grad(mixer):
+  T, seed = 20, seed_of("grad-jit", mixer)
+  inputs = _inputs(mixer, T, seed)
+  r_o, r_s = _weights(mixer, T, seed + 1)
+  options = dict(impl="chunk", chunk_size=16, use_qk_l2norm=True)
+  jitted = results(*outputs_and_grads(mixer, inputs, r_o, r_s, jit=True, **options))
+  eager = results(*outputs_and_grads(mixer, inputs, r_o, r_s, jit=False, **options))
+  assert_close(jitted, eager, 1e-5, f"jit(grad) vs grad, {mixer}")
