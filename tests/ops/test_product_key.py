@@ -76,9 +76,22 @@ def test_ties_give_exact_scores_and_the_documented_slots(n, k):
   assert ((0 <= idx) & (idx < n * n)).all()
   assert all(len(set(row)) == k for row in idx.reshape(-1, k))
   a, b = np.divmod(idx, n)
-  np.testing.assert_array_equal(np.take_along_axis(np.asarray(s1), a, -1) + np.take_along_axis(np.asarray(s2), b, -1),
-                                scores)
+  slot_sums = np.take_along_axis(np.asarray(s1), a, -1) + np.take_along_axis(np.asarray(s2), b, -1)
+  np.testing.assert_array_equal(slot_sums, scores)
   np.testing.assert_array_equal(idx, _rank_order_reference(s1, s2, k))
+
+
+@pytest.mark.parametrize("n, k", [(32, 128), (64, 32)])
+def test_bf16_scores_are_the_rounded_float32_top_k(n, k):
+  """Under jit XLA:CPU once returned truncated, not rounded, bf16 sums; the reference is numpy's."""
+  s1, s2 = (x.astype(jnp.bfloat16) for x in _normal(n, seed_of("bf16", n, k)))
+  scores, idx = _product_key_topk(s1, s2, k)
+  wide1, wide2 = np.asarray(s1, np.float32), np.asarray(s2, np.float32)
+  sums = (wide1[..., :, None] + wide2[..., None, :]).reshape(BATCH + (n * n,))
+  ref_scores = -np.sort(-sums, axis=-1)[..., :k]
+  assert scores.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(scores, np.float32), ref_scores.astype(jnp.bfloat16).astype(np.float32))
+  np.testing.assert_array_equal(idx, _rank_order_reference(wide1, wide2, k))
 
 
 @pytest.mark.parametrize("n, k", [(8, 5), (8, 20), (32, 128)])

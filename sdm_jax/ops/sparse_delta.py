@@ -1,0 +1,96 @@
+"""Sparse Delta Memory: the sparse gated delta rule on a product-key-addressed table (SPEC.md section 3).
+
+Per head a table M [N, V]. At token t, with write slots I_t (weights kappa_t), read slots J_t
+(weights rho_t), log decay g_t <= 0 and learning rate beta_t in [0, 1]:
+
+    Mt[i] = exp(g_t) M[i]  for i in I_t  (other slots are not decayed)
+    r_t   = sum_{i in I_t} kappa_t(i) Mt[i],   d_t = beta_t (v_t - r_t)
+    M[i]  = Mt[i] + kappa_t(i) d_t  for i in I_t,   o_t = sum_{j in J_t} rho_t(j) M[j]
+
+A slot listed twice in one token's I_t is one slot whose weight is the sum of its entries (the
+dense-key reading: GDN with key vector k_t = sum_w kappa_t[w] e_{I_t[w]}); it is decayed once.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
+from sdm_jax.ops.validation import check_options, check_shape
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _token_step(table, k_idx, k_w, v, g, beta, q_idx, q_w):
+  """One token for one (batch, head): table [N, V]; k_idx, k_w [W]; v [V]; g, beta scalars; q_* [R]."""
+  slot_weight = jnp.dot((k_idx[:, None] == k_idx[None, :]).astype(k_w.dtype), k_w, precision=HIGHEST)
+  rows = jnp.exp(g) * table[k_idx]  # duplicates gather the same decayed row
+  d = beta * (v - jnp.dot(k_w, rows, precision=HIGHEST))
+  table = table.at[k_idx].set(rows + slot_weight[:, None] * d[None, :])
+  return table, jnp.dot(q_w, table[q_idx], precision=HIGHEST)
+
+
+def sparse_delta_scan(table, k_idx, k_w, v, g, beta, q_idx, q_w):
+  """Token-by-token reference; same shapes as `sparse_delta_chunk`."""
+  step = jax.vmap(jax.vmap(_token_step))  # over B, H
+
+  def body(table, xs):
+    return step(table, *xs)
+
+  xs = [jnp.moveaxis(x, 1, 0) for x in (k_idx, k_w, v, g, beta, q_idx, q_w)]
+  final, o = jax.lax.scan(body, table, xs)
+  return jnp.moveaxis(o, 0, 1), final
+
+
+def _check_indices(name, idx, N):
+  if not jnp.issubdtype(idx.dtype, jnp.integer):
+    raise ValueError(f"{name}: expected an integer dtype, got {idx.dtype}")
+  if isinstance(idx, jax.core.Tracer):
+    checkify.debug_check(jnp.all((idx >= 0) & (idx < N)), f"{name}: slot indices must lie in [0, {N})")
+    return
+  lo, hi = int(jnp.min(idx, initial=0)), int(jnp.max(idx, initial=0))
+  if lo < 0 or hi >= N:
+    raise ValueError(f"{name}: slot indices must lie in [0, N) = [0, {N}), got values in [{lo}, {hi}]")
+
+
+def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", chunk_size=16,
+                      output_final_state=False):
+  """The Sparse Delta Memory recurrence.
+
+  m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
+  [B, T, H, W]; v: [B, T, H, V]; g (log decay <= 0), beta: [B, T, H]; q_idx (int), q_w: [B, T, H, R].
+  impl: "scan" (the reference) or "chunk" (chunked WY with a memory-lean backward).
+  Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
+  indices raise ValueError (under jit: a check that `checkify` reports).
+  """
+  check_options("chunk" if impl == "pallas" else impl, chunk_size)
+  if impl == "pallas":
+    raise ValueError("impl: sparse_delta_rule has no Pallas kernel yet; use 'chunk' or 'scan'")
+  dims = {}
+  check_shape("v", v, ("B", "T", "H", "V"), dims)
+  if m0.ndim == 3:
+    check_shape("m0", m0, ("H", "N", "V"), dims)
+  else:
+    check_shape("m0", m0, ("B", "H", "N", "V"), dims)
+  for name, x, names in (("k_w", k_w, ("B", "T", "H", "W")), ("g", g, ("B", "T", "H")),
+                         ("beta", beta, ("B", "T", "H")), ("q_w", q_w, ("B", "T", "H", "R"))):
+    check_shape(name, x, names, dims)
+  for name, idx, ref in (("k_idx", k_idx, k_w), ("q_idx", q_idx, q_w)):
+    if idx.shape != ref.shape:
+      raise ValueError(f"{name}: expected the shape of its weights {ref.shape}, got {idx.shape}")
+    _check_indices(name, idx, dims["N"])
+  B, T, H, _ = v.shape
+  acc = jnp.result_type(jnp.float32, m0.dtype, k_w.dtype, v.dtype, g.dtype, beta.dtype, q_w.dtype)
+  table = jnp.broadcast_to(m0.astype(acc), (B, *m0.shape[-3:]))
+  floats = [x.astype(acc) for x in (k_w, v, g, beta, q_w)]
+  k_w, v32, g, beta, q_w = floats
+  if impl == "scan":
+    o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
+  else:
+    C = chunk_size
+    pad = -T % C
+    # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.
+    pad_t = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    o, final = sparse_delta_chunk(table, *map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w)), C)
+    o = o[:, :T]
+  return o.astype(v.dtype), final if output_final_state else None

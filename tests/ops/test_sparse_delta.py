@@ -1,0 +1,179 @@
+"""sparse_delta_rule: the scan against a dense float64 NumPy loop, the chunked form (and its
+memory-lean backward) against the scan, chunk-size invariance, duplicates, and the input checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+from sdm_jax.ops import sparse_delta_rule
+
+
+def _inputs(seed, B=2, T=37, H=2, N=12, V=5, W=3, R=4, decay=1.0, beta_mode="random", shared=True):
+  """Small N so that slots collide across tokens and repeat within a token."""
+  rng = np.random.default_rng(seed)
+  beta = {"random": rng.uniform(size=(B, T, H)), "zero": np.zeros((B, T, H)), "one": np.ones((B, T, H))}[beta_mode]
+  return dict(
+      m0=rng.normal(size=(H, N, V) if shared else (B, H, N, V)),
+      k_idx=rng.integers(0, N, size=(B, T, H, W)),
+      k_w=rng.dirichlet(np.ones(W), size=(B, T, H)),
+      v=rng.normal(size=(B, T, H, V)),
+      g=-decay * rng.uniform(0.5, 1.5, size=(B, T, H)),
+      beta=beta,
+      q_idx=rng.integers(0, N, size=(B, T, H, R)),
+      q_w=rng.dirichlet(np.ones(R), size=(B, T, H)),
+  )
+
+
+def _dense_reference(x):
+  """Written from the dense reading: GDN with key vector k_t and a decay only on its support."""
+  B, T, H, _ = x["k_idx"].shape
+  N, V = x["m0"].shape[-2:]
+  tables = np.broadcast_to(x["m0"], (B, H, N, V)).copy()
+  o = np.zeros((B, T, H, V))
+  for b in range(B):
+    for h in range(H):
+      M = tables[b, h]
+      for t in range(T):
+        key, read = np.zeros(N), np.zeros(N)
+        np.add.at(key, x["k_idx"][b, t, h], x["k_w"][b, t, h])
+        np.add.at(read, x["q_idx"][b, t, h], x["q_w"][b, t, h])
+        support = np.zeros(N, bool)
+        support[x["k_idx"][b, t, h]] = True
+        M = np.where(support[:, None], np.exp(x["g"][b, t, h]) * M, M)
+        d = x["beta"][b, t, h] * (x["v"][b, t, h] - key @ M)
+        M = M + np.outer(key, d)
+        o[b, t, h] = read @ M
+      tables[b, h] = M
+  return o, tables
+
+
+def _run(x, dtype, **kw):
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, dtype) for k, v in x.items()}
+  return sparse_delta_rule(**args, output_final_state=True, **kw)
+
+
+def _rel(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  assert np.all(np.isfinite(x))
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+FLOATS = ("m0", "k_w", "v", "g", "beta", "q_w")
+
+
+def _grads(x, dtype, **kw):
+  rng = np.random.default_rng(99)
+  B, T, H, _ = x["k_idx"].shape
+  N, V = x["m0"].shape[-2:]
+  r_o, r_s = rng.normal(size=(B, T, H, V)), rng.normal(size=(B, H, N, V))
+
+  def loss(floats):
+    args = {**{k: jnp.asarray(v) for k, v in x.items() if k.endswith("idx")}, **floats}
+    o, table = sparse_delta_rule(**args, output_final_state=True, **kw)
+    return jnp.sum(o * jnp.asarray(r_o, o.dtype)) + jnp.sum(table * jnp.asarray(r_s, table.dtype))
+
+  grads = jax.jit(jax.grad(loss))({k: jnp.asarray(x[k], dtype) for k in FLOATS})
+  return {k: np.asarray(v, np.float64) for k, v in grads.items()}
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_scan_matches_dense_numpy(x64, shared):
+  x = _inputs(0, shared=shared)
+  o, table = _run(x, jnp.float64, impl="scan")
+  o_ref, table_ref = _dense_reference(x)
+  assert _rel(o, o_ref) < 1e-12
+  assert _rel(table, table_ref) < 1e-12
+
+
+@pytest.mark.parametrize("decay,beta_mode,chunk_size,T,seed", [
+    (1.0, "random", 16, 37, 1), (0.01, "random", 8, 16, 2), (30.0, "random", 16, 40, 3),
+    (1.0, "zero", 8, 21, 4), (1.0, "one", 32, 33, 5), (3.0, "random", 4, 1, 6),
+])
+def test_chunk_matches_scan(x64, decay, beta_mode, chunk_size, T, seed):
+  x = _inputs(seed, T=T, decay=decay, beta_mode=beta_mode, shared=seed % 2 == 0)
+  o_ref, table_ref = _run(x, jnp.float64, impl="scan")
+  o, table = _run(x, jnp.float32, impl="chunk", chunk_size=chunk_size)
+  assert o.dtype == jnp.float32 and table.dtype == jnp.float32
+  assert _rel(o, o_ref) < 1e-5
+  assert _rel(table, table_ref) < 1e-5
+  g_ref = _grads(x, jnp.float64, impl="scan")
+  g_chunk = _grads(x, jnp.float32, impl="chunk", chunk_size=chunk_size)
+  for name in FLOATS:
+    if beta_mode == "zero" and name in ("k_w", "v"):  # nothing is written: exactly zero gradients
+      assert np.all(g_chunk[name] == 0) and np.all(g_ref[name] == 0), name
+      continue
+    assert _rel(g_chunk[name], g_ref[name]) < 1e-5, name
+
+
+def test_chunk_size_invariance(x64):
+  x = _inputs(7, T=48)
+  outs = [_run(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]
+  for o, table in outs[1:]:
+    assert _rel(o, outs[0][0]) < 1e-12 and _rel(table, outs[0][1]) < 1e-12
+
+
+def test_duplicate_slots_sum_their_weights(x64):
+  x = _inputs(8, T=20, W=4)
+  x["k_idx"][..., 1] = x["k_idx"][..., 0]  # every token lists one slot twice
+  merged = {**x, "k_idx": x["k_idx"][..., 1:], "k_w": x["k_w"][..., 1:].copy()}
+  merged["k_w"][..., 0] += x["k_w"][..., 0]
+  for impl in ("scan", "chunk"):
+    o, table = _run(x, jnp.float64, impl=impl)
+    o_merged, table_merged = _run(merged, jnp.float64, impl=impl)
+    assert _rel(o, o_merged) < 1e-12 and _rel(table, table_merged) < 1e-12
+
+
+def test_shared_m0_gradient_is_the_batch_sum(x64):
+  x = _inputs(9, T=10)
+  per_batch = {**x, "m0": np.broadcast_to(x["m0"], (2, *x["m0"].shape)).copy()}
+  shared = _grads(x, jnp.float64, impl="chunk", chunk_size=4)["m0"]
+  separate = _grads(per_batch, jnp.float64, impl="chunk", chunk_size=4)["m0"]
+  assert shared.shape == x["m0"].shape
+  assert _rel(shared, separate.sum(0)) < 1e-12
+
+
+def test_bf16_values():
+  x = _inputs(10, T=24)
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args["v"] = args["v"].astype(jnp.bfloat16)
+  o, table = sparse_delta_rule(**args, output_final_state=True)
+  o_ref, _ = sparse_delta_rule(**{**args, "v": args["v"].astype(jnp.float32)}, impl="scan", output_final_state=True)
+  assert o.dtype == jnp.bfloat16 and table.dtype == jnp.float32
+  assert _rel(o, o_ref) < 1e-2
+
+
+@pytest.mark.parametrize("name,value", [("k_idx", 12), ("k_idx", -1), ("q_idx", 40)])
+def test_out_of_range_indices_raise(name, value):
+  x = _inputs(11, T=5)
+  x[name][0, 2, 1, 0] = value
+  with pytest.raises(ValueError, match=name):
+    _run(x, jnp.float32)
+
+
+def test_out_of_range_indices_reported_under_jit():
+  x = _inputs(12, T=5)
+  x["k_idx"][1, 0, 0, 1] = 99
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  checked = checkify.checkify(jax.jit(lambda a: sparse_delta_rule(**a)[0]))
+  error, _ = checked(args)
+  assert error.get() is not None and "k_idx" in error.get()
+  args["k_idx"] = jnp.asarray(x["k_idx"] % 12)
+  error, _ = checked(args)
+  assert error.get() is None
+
+
+@pytest.mark.parametrize("change,name", [
+    (lambda x: x.update(k_idx=x["k_idx"].astype(np.float32)), "k_idx"),
+    (lambda x: x.update(q_w=x["q_w"][..., :2]), "q_idx"),
+    (lambda x: x.update(g=x["g"][:, :-1]), "g"),
+    (lambda x: x.update(m0=x["m0"][:, :, :3]), "m0"),
+    (lambda x: x.update(beta=x["beta"][..., None]), "beta"),
+])
+def test_bad_inputs_raise(change, name):
+  x = _inputs(13, T=5)
+  change(x)
+  args = {k: jnp.asarray(v) for k, v in x.items()}
+  with pytest.raises(ValueError, match=name):
+    sparse_delta_rule(**args)
