@@ -177,3 +177,14 @@ def test_bad_inputs_raise(change, name):
   args = {k: jnp.asarray(v) for k, v in x.items()}
   with pytest.raises(ValueError, match=name):
     sparse_delta_rule(**args)
+
+
+def test_backward_memory_does_not_grow_with_t_times_n():
+  from sdm_jax.evaluation.sdm_memory import compiled_memory
+  shape = dict(B=1, H=1, N=4096, V=16, W=4, R=4, chunk_size=16)
+  short, long = (compiled_memory("chunk", T=T, **shape)["temp_bytes"] for T in (64, 256))
+  table_per_token = shape["N"] * shape["V"] * 4
+  # Saved rows cost T x W x V; a table per chunk would add (256 - 64) / 16 = 12 tables.
+  assert long - short < 2 * table_per_token
+  plain = [compiled_memory("scan", T=T, **shape)["temp_bytes"] for T in (64, 256)]
+  assert plain[1] - plain[0] > 50 * (long - short)
