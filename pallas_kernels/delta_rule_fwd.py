@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 SUB = 16
+KEY_BLOCK = 16  # key channels per [16, 16, KEY_BLOCK] tile of the diagonal blocks
 # Near-fp32 tensor-core products (three TF32 passes); plain TF32 gave ~6e-4 relative error in the inverse.
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 EXACT_DOT = jax.lax.DotAlgorithmPreset.F32_F32_F32
@@ -49,71 +50,76 @@ def _unit_lower_inverse(t, exact):
   return inverse
 
 
+def _diagonal_blocks(q_ref, u_ref, e_ref, g_ref, i, scale):
+  """(T_ii, A_qk_ii) of sub-chunk i: the exact pairwise decay exp(L_r - L_c), masked before exp.
+
+  Formed as [16, 16, KB] tiles over blocks of KB key channels, so no per-column loop.
+  """
+  f32 = jnp.float32
+  K = q_ref.shape[-1]
+  kb = min(K, KEY_BLOCK)
+  causal = (_iota((SUB, SUB, 1), 0) >= _iota((SUB, SUB, 1), 1))
+  strict = _iota((SUB, SUB), 0) > _iota((SUB, SUB), 1)
+
+  def key_block(b, acc):
+    t_acc, a_acc = acc
+    tile = lambda ref: ref[pl.ds(i * SUB, SUB), pl.ds(b * kb, kb)].astype(f32)
+    local = jnp.cumsum(tile(g_ref), axis=0)  # sub-chunk-local cumsum: only differences are used
+    expo = jnp.where(causal, local[:, None, :] - local[None, :, :], 0.0)
+    decayed_u = jnp.where(causal, jnp.exp(expo), 0.0) * tile(u_ref)[None, :, :]  # [r, c, k]
+    t_acc += jnp.where(strict, jnp.sum(tile(e_ref)[:, None, :] * decayed_u, axis=2), 0.0)
+    a_acc += jnp.sum((tile(q_ref) * scale)[:, None, :] * decayed_u, axis=2)
+    return t_acc, a_acc
+
+  zeros = jnp.zeros((SUB, SUB), f32)
+  return jax.lax.fori_loop(0, K // kb, key_block, (zeros, zeros))
+
+
 def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *, n_sub, scale, interpret):
+  """Row block by row block, so only 16x16 blocks and a few [16, K] tiles are live at once."""
   f32 = jnp.float32
   near, exact = _precisions(interpret)
   K = q_ref.shape[-1]
   rows = lambda i: pl.ds(i * SUB, SUB)
   load = lambda ref, i: ref[rows(i), :].astype(f32)
 
-  # Per sub-chunk: inclusive cumsum G_i and the reference point G_ref_i = cumsum before it.
-  G, G_ref, carry = [], [], jnp.zeros((1, K), f32)
-  for i in range(n_sub):
-    g_i = load(g_ref, i)
-    G_ref.append(carry)
-    G.append(carry + jnp.cumsum(g_i, axis=0))
-    carry = carry + jnp.sum(g_i, axis=0, keepdims=True)
+  # G_ref[i]: the chunk cumsum before sub-chunk i; G_i = G_ref[i] + the local cumsum.
+  G_ref = [jnp.zeros((1, K), f32)]
+  for i in range(n_sub - 1):
+    G_ref.append(G_ref[-1] + jnp.sum(load(g_ref, i), axis=0, keepdims=True))
+  cumulative = lambda j: G_ref[j] + jnp.cumsum(load(g_ref, j), axis=0)
 
-  r_k = _iota((SUB, K), 0)
-  r_s, c_s = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
-  T = {}
-  A_qk = {}
-  for i in range(n_sub):
-    q_i, e_i = load(q_ref, i) * scale, load(e_ref, i)
-
-    # Diagonal block: exact pairwise decay, one column at a time, masked before exp.
-    def column(c, acc, i=i, q_i=q_i, e_i=e_i):
-      t_acc, a_acc = acc
-      u_c = u_ref[pl.ds(i * SUB + c, 1), :].astype(f32)
-      G_c = jnp.sum(jnp.where(r_k == c, G[i], 0.0), axis=0, keepdims=True)
-      causal = r_k >= c
-      decay = jnp.where(causal, jnp.exp(jnp.where(causal, G[i] - G_c, 0.0)), 0.0) * u_c
-      t_col = jnp.sum(jnp.where(r_k > c, e_i * decay, 0.0), axis=1, keepdims=True)
-      a_col = jnp.sum(q_i * decay, axis=1, keepdims=True)
-      return t_acc + jnp.where(c_s == c, t_col, 0.0), a_acc + jnp.where(c_s == c, a_col, 0.0)
-
-    zeros = jnp.zeros((SUB, SUB), f32)
-    T[i, i], A_qk[i, i] = jax.lax.fori_loop(0, SUB, column, (zeros, zeros))
-
-    # Earlier sub-chunks: G[r] <= G_ref_i <= G[c], so both factors stay <= 1.
-    e_left = e_i * jnp.exp(G[i] - G_ref[i])
-    q_left = q_i * jnp.exp(G[i] - G_ref[i])
-    for j in range(i):
-      u_right = load(u_ref, j) * jnp.exp(G_ref[i] - G[j])
-      T[i, j] = _dot(e_left, u_right.T, near)
-      A_qk[i, j] = _dot(q_left, u_right.T, near)
-
-  # Block forward substitution: A_ij = -A_ii sum_{j<=m<i} T_im A_mj.
   A = {}
   for i in range(n_sub):
-    A[i, i] = _unit_lower_inverse(T[i, i], exact)
-  for j in range(n_sub):
-    for i in range(j + 1, n_sub):
-      acc = _dot(T[i, j], A[j, j], near)
+    G_i = cumulative(i)
+    T = {}
+    # Earlier sub-chunks: G_r <= G_ref[i] <= G_c, so both factors stay <= 1.
+    row_decay = jnp.exp(G_i - G_ref[i])
+    e_left, q_left = load(e_ref, i) * row_decay, load(q_ref, i) * (scale * row_decay)
+    for j in range(i):
+      u_right = load(u_ref, j) * jnp.exp(G_ref[i] - cumulative(j))
+      T[j] = _dot(e_left, u_right.T, near)
+      aqk_ref[rows(i), pl.ds(j * SUB, SUB)] = _dot(q_left, u_right.T, near).astype(aqk_ref.dtype)
+    T[i], a_qk_ii = _diagonal_blocks(q_ref, u_ref, e_ref, g_ref, i, scale)
+    aqk_ref[rows(i), pl.ds(i * SUB, SUB)] = a_qk_ii.astype(aqk_ref.dtype)
+    for j in range(i + 1, n_sub):
+      aqk_ref[rows(i), pl.ds(j * SUB, SUB)] = jnp.zeros((SUB, SUB), aqk_ref.dtype)
+
+    # Block forward substitution: A_ij = -A_ii sum_{j<=m<i} T_im A_mj.
+    A[i, i] = _unit_lower_inverse(T[i], exact)
+    for j in range(i):
+      acc = _dot(T[j], A[j, j], near)
       for m in range(j + 1, i):
-        acc += _dot(T[i, m], A[m, j], near)
+        acc += _dot(T[m], A[m, j], near)
       A[i, j] = -_dot(A[i, i], acc, near)
 
-  e_decayed = [load(e_ref, j) * jnp.exp(G[j]) for j in range(n_sub)]
-  z = [load(z_ref, j) for j in range(n_sub)]
-  for i in range(n_sub):
-    y_i = sum(_dot(A[i, j], e_decayed[j], near) for j in range(i + 1))
-    w_i = sum(_dot(A[i, j], z[j], near) for j in range(i + 1))
+    y_i = _dot(A[i, i], load(e_ref, i) * jnp.exp(G_i), near)
+    w_i = _dot(A[i, i], load(z_ref, i), near)
+    for j in range(i):
+      y_i += _dot(A[i, j], load(e_ref, j) * jnp.exp(cumulative(j)), near)
+      w_i += _dot(A[i, j], load(z_ref, j), near)
     y_ref[rows(i), :] = y_i.astype(y_ref.dtype)
     w_ref[rows(i), :] = w_i.astype(w_ref.dtype)
-    for j in range(n_sub):
-      block = A_qk[i, j] if j <= i else jnp.zeros((SUB, SUB), f32)
-      aqk_ref[rows(i), pl.ds(j * SUB, SUB)] = block.astype(aqk_ref.dtype)
 
 
 def _state_pass_kernel(q_ref, u_ref, g_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *, chunk_size,
