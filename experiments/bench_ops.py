@@ -48,12 +48,14 @@ def main(argv):
     raise app.UsageError(f"--mixers: unknown {unknown}, expected some of {sorted(MIXERS)}")
   config = {name: FLAGS[name].value for name in ("mixers", "impls", "shapes", "heads", "head_dim", "value_dim",
                                                   "dtype", "chunk_size", "reps", "seed", "peer")}
+  meta = run_metadata()
+  report = lambda records, notes: write_report(records, {**meta, "config": config, "peer": notes}, FLAGS.out_dir,
+                                               FLAGS.tag)
   records, peer_notes = run_sweep(
       FLAGS.mixers, FLAGS.impls, parse_shapes(FLAGS.shapes), H=FLAGS.heads, K=FLAGS.head_dim,
       V=FLAGS.value_dim or FLAGS.head_dim, dtype=FLAGS.dtype, chunk_size=FLAGS.chunk_size, reps=FLAGS.reps,
-      seed=FLAGS.seed, peer=FLAGS.peer, log=lambda line: print(line, flush=True))
-  meta = {**run_metadata(), "config": config, "peer": peer_notes}
-  paths = write_report(records, meta, FLAGS.out_dir, FLAGS.tag)
+      seed=FLAGS.seed, peer=FLAGS.peer, log=lambda line: print(line, flush=True), on_progress=report)
+  paths = report(records, peer_notes)
   print("\nwrote " + ", ".join(paths.values()))
   print(f"\n{meta['device']}, {FLAGS.dtype}, H={FLAGS.heads} K={FLAGS.head_dim}; "
         "vs fla = fla ms / our ms\n" + format_table(records))

@@ -56,11 +56,14 @@ def time_impl(fn, arg_sets, readout, impl, chunk_size, reps):
   return timings, np.asarray(fwd(arg_sets[0]), np.float32)
 
 
-def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, log=print):
+def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, log=print,
+              on_progress=None):
   """Times every (mixer, impl, shape), and the fla peer where `peer` and it loads.
 
   Returns (records, peer_notes {mixer: description or why skipped}). Our records carry
   `vs_peer_fwd` / `vs_peer_fwd_bwd` = peer ms / our ms (above 1: faster than the peer).
+  on_progress(records, peer_notes), if given, is called after every shape, so that a sweep cut off
+  by a time limit still leaves what it measured.
   """
   records, peer_notes = [], {}
   for mixer in mixers:
@@ -91,6 +94,8 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
       if peer_op is not None:
         log(f"{mixer} {PEER} {B}x{T}: timing...")
         records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours))
+      if on_progress is not None:
+        on_progress(records, peer_notes)
   return records, peer_notes
 
 
