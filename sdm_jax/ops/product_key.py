@@ -1,29 +1,15 @@
-"""Product-key addressing (SPEC.md section 3): the exact top-k of all pairwise sums of two sub-key score halves."""
+"""Product-key addressing (SPEC.md section 3): the exact top-k of all pairwise sums of two sub-key score halves,
+and the addressing built on it (queries and sub-key tables -> slots and softmax weights)."""
 
 import functools
 import operator
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from sdm_jax.ops.validation import check_float
-
-
-@functools.lru_cache(maxsize=None)
-def candidate_rank_pairs(k, m):
-  """The static rank pairs (i, j), i, j < m, with (i + 1) * (j + 1) <= k, in lexicographic order.
-
-  The (i + 1) * (j + 1) pairs ranked at or above (i, j) in both halves all have a sum at least as
-  large and come no later in the tie order, so (i, j) reaches the top k only if they number <= k.
-  Lexicographic order is the tie-break: lax.top_k keeps the earlier candidate among equal sums.
-  About k * ln(k) pairs instead of m * m.
-  Returns (rank1, rank2), read-only int32 numpy arrays of equal length.
-  """
-  rank1 = np.concatenate([np.full(min(k // (i + 1), m), i, np.int32) for i in range(min(k, m))])
-  rank2 = np.concatenate([np.arange(min(k // (i + 1), m), dtype=np.int32) for i in range(min(k, m))])
-  rank1.flags.writeable = rank2.flags.writeable = False
-  return rank1, rank2
+from pallas_kernels import product_key as product_key_kernel
+from pallas_kernels.product_key import candidate_rank_pairs
+from sdm_jax.ops.validation import check_float, check_shape
 
 
 def _check(s1, s2, k):
@@ -34,13 +20,16 @@ def _check(s1, s2, k):
   if s2.shape != s1.shape or s2.dtype != s1.dtype:
     raise ValueError(f"s2: expected the shape and dtype of s1, {tuple(s1.shape)} {s1.dtype}, "
                      f"got {tuple(s2.shape)} {s2.dtype}")
+  return _check_k(k, s1.shape[-1])
+
+
+def _check_k(k, n):
   if isinstance(k, bool):
     raise ValueError(f"k: expected a positive Python int, got {k!r}")
   try:
     k = operator.index(k)
   except TypeError:
     raise ValueError(f"k: expected a positive Python int (static under jit), got {k!r}") from None
-  n = s1.shape[-1]
   if not 1 <= k <= n * n:
     raise ValueError(f"k: expected 1 <= k <= n * n = {n * n} (n = {n} sub-keys per half), got {k}")
   return k
@@ -79,3 +68,78 @@ def product_key_topk(s1, s2, k):
   a = jnp.take_along_axis(arg1, jnp.asarray(rank1)[chosen], axis=-1)
   b = jnp.take_along_axis(arg2, jnp.asarray(rank2)[chosen], axis=-1)
   return scores.astype(s1.dtype), a * n + b
+
+
+ADDRESS_IMPLS = ("xla", "pallas")
+
+
+def product_key_address(x1, x2, c1, c2, k, *, impl="xla"):
+  """Product-key addressing: the k slots a * n + b with the largest scores x1 . c1[a] + x2 . c2[b].
+
+  x1, x2: [B, T, H, D] query halves; c1, c2: [H, n, D] the head's sub-key tables (N = n * n slots).
+  k: a Python int in [1, n * n], static under jit (W or R of SPEC.md section 3).
+  Returns (idx [B, T, H, k] int32, best first; weights [B, T, H, k] float32, the softmax of the
+  selected scores). Sub-key scores are float32: products in the promoted dtype of x1 and c1,
+  accumulated in float32. Ties follow product_key_topk.
+  impl: "xla" (einsum + product_key_topk) or "pallas" (the fused kernel; interpret mode off the
+  GPU). Both give the same idx for the same scores and the same gradients: weights are
+  differentiable in x1, x2, c1 and c2, idx carries none.
+  """
+  dims = {}
+  check_shape("x1", x1, ("B", "T", "H", "D"), dims)
+  check_shape("x2", x2, ("B", "T", "H", "D"), dims)
+  check_shape("c1", c1, ("H", "n", "D"), dims)
+  check_shape("c2", c2, ("H", "n", "D"), dims)
+  if x2.dtype != x1.dtype:
+    raise ValueError(f"x2: expected the dtype of x1, {x1.dtype}, got {x2.dtype}")
+  if c2.dtype != c1.dtype:
+    raise ValueError(f"c2: expected the dtype of c1, {c1.dtype}, got {c2.dtype}")
+  k = _check_k(k, dims["n"])
+  if impl not in ADDRESS_IMPLS:
+    raise ValueError(f"impl: expected one of {ADDRESS_IMPLS}, got {impl!r}")
+  if impl == "pallas":
+    dtype = jnp.promote_types(x1.dtype, c1.dtype)
+    if dtype == jnp.float64:
+      raise ValueError(f"x1: impl='pallas' supports float32, bfloat16 and float16 (with c1), got {x1.dtype} "
+                       f"and {c1.dtype}")
+    return _address_pallas(*(x.astype(dtype) for x in (x1, x2, c1, c2)), k)
+  scores, idx = product_key_topk(_subkey_scores(x1, c1), _subkey_scores(x2, c2), k)
+  return idx, jax.nn.softmax(scores, axis=-1)
+
+
+def _subkey_scores(x, c):
+  """x [B, T, H, D], c [H, n, D] -> [B, T, H, n] in float32 (float64 for float64 inputs)."""
+  dtype = jnp.promote_types(x.dtype, c.dtype)
+  return jnp.einsum("bthd,hnd->bthn", x.astype(dtype), c.astype(dtype), precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=jnp.promote_types(dtype, jnp.float32))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _address_pallas(x1, x2, c1, c2, k):
+  B, T, H, D = x1.shape
+  idx, weights, _ = product_key_kernel.product_key_address(
+      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, interpret=jax.default_backend() != "gpu")
+  return idx.reshape(B, T, H, k), weights.reshape(B, T, H, k)
+
+
+def _address_pallas_fwd(x1, x2, c1, c2, k):
+  idx, weights = _address_pallas(x1, x2, c1, c2, k)
+  return (idx, weights), (x1, x2, c1, c2, idx)
+
+
+def _address_pallas_bwd(k, residuals, cotangents):
+  # The selected scores recomputed from idx, and the softmax's backward through them. Gathering the
+  # n sub-key scores (not the k * D sub-key rows) keeps the memory at [B, T, H, n], as for impl="xla".
+  x1, x2, c1, c2, idx = residuals
+  a, b = jnp.divmod(idx, c1.shape[1])
+
+  def weights(x1, x2, c1, c2):
+    selected = (jnp.take_along_axis(_subkey_scores(x1, c1), a, axis=-1)
+                + jnp.take_along_axis(_subkey_scores(x2, c2), b, axis=-1))
+    return jax.nn.softmax(selected, axis=-1)
+
+  _, vjp = jax.vjp(weights, x1, x2, c1, c2)
+  return vjp(cotangents[1])
+
+
+_address_pallas.defvjp(_address_pallas_fwd, _address_pallas_bwd)
