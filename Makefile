@@ -21,8 +21,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
 
+DEMO := runs/demo
+DEMO_CONFIG := experiments/configs/mqar.py:demo
+
+# A tiny GDN-2 on MQAR: train 60 steps and stop, resume to the end, evaluate the checkpoint.
 demo: $(VENV)/.installed
-	$(PY) -m experiments.compare_impls --mixer=gdn2 --impls=scan,chunk --batch=2 --seq_len=256 --heads=2 --head_dim=32 --dtype=float32
+	rm -rf $(DEMO)
+	$(PY) -m experiments.train --config=$(DEMO_CONFIG) --workdir=$(DEMO) --stop_after=60
+	$(PY) -m experiments.train --config=$(DEMO_CONFIG) --workdir=$(DEMO)
+	$(PY) -m experiments.eval --workdir=$(DEMO)
+	@echo "demo run in $(DEMO): checkpoints/, metrics.jsonl, metrics.png (loss/accuracy plot), eval.json, config.json"
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 -m "not slow" tests

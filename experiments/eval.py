@@ -1,0 +1,36 @@
+r"""Evaluates the newest checkpoint of a run on its validation split.
+
+  python -m experiments.eval --workdir=runs/mqar_gdn2
+
+Prints loss, accuracy (for MQAR: recall accuracy on the queried values) and perplexity, and writes
+them to <workdir>/eval.json.
+"""
+
+import json
+import pathlib
+
+from absl import app, flags, logging
+
+flags.DEFINE_string("workdir", None, "A run directory written by experiments.train.", required=True)
+flags.DEFINE_integer("eval_batches", None, "Batches to evaluate (default: the run's config).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax and JAX log every save and restore at INFO
+  from sdm_jax.training.loop import evaluate, load_config, restore_for_eval
+  config = load_config(FLAGS.workdir)
+  if FLAGS.eval_batches:
+    config.train.eval_batches = FLAGS.eval_batches
+  model, step, mesh = restore_for_eval(FLAGS.workdir, config)
+  result = {"step": step, **evaluate(model, config, mesh)}
+  path = pathlib.Path(FLAGS.workdir) / "eval.json"
+  path.write_text(json.dumps(result, indent=2))
+  print(f"step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f} "
+        f"perplexity {result['perplexity']:.3f} -> {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)

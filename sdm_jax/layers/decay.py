@@ -1,0 +1,46 @@
+"""The data-dependent log decay of Mamba-2 / Gated DeltaNet, shared by every recurrent layer.
+
+    g = -exp(A_log) * softplus(f(x) + dt_bias)  <= 0
+
+A_log ~ log U(1, 16) per head; dt_bias = softplus^-1(dt), dt ~ logU(1e-3, 1e-1), so that at
+f(x) = 0 the decay starts between -16 * 0.1 and -1 * 1e-3 per token.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+A_RANGE = (1.0, 16.0)
+DT_RANGE = (1e-3, 1e-1)
+
+
+def inverse_softplus(y):
+  return y + jnp.log(-jnp.expm1(-y))
+
+
+class LogDecay(nnx.Module):
+  """The log decay per head (channels=1) or per key channel (channels=K).
+
+  f is Linear(width -> H * channels) or, with low_rank, width -> low_rank -> H * channels.
+  x: [B, T, width] -> g: [B, T, H] (channels=1) or [B, T, H, channels], fp32.
+  """
+
+  def __init__(self, width, num_heads, channels=1, *, low_rank=None, dtype=jnp.float32, rngs):
+    size = num_heads * channels
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
+    if low_rank is None:
+      self.f_proj = linear(width, size)
+    else:
+      self.f_proj = nnx.Sequential(linear(width, low_rank), linear(low_rank, size))
+    self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, *A_RANGE)))
+    log_dt = jax.random.uniform(rngs.params(), (size,), jnp.float32, *map(math.log, DT_RANGE))
+    self.dt_bias = nnx.Param(inverse_softplus(jnp.exp(log_dt)))
+    self.num_heads, self.channels = num_heads, channels
+
+  def __call__(self, x):
+    B, T, _ = x.shape
+    f = self.f_proj(x).astype(jnp.float32) + self.dt_bias[...]
+    g = -jnp.exp(self.A_log[...])[:, None] * jax.nn.softplus(f.reshape(B, T, self.num_heads, self.channels))
+    return g[..., 0] if self.channels == 1 else g

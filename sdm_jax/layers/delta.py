@@ -1,0 +1,89 @@
+"""One layer for the five dense delta-rule mixers (SPEC.md sections 1 and 4); a variant is a row of a table.
+
+    q, k, v = SiLU(CausalConv(W x)),  g = LogDecay(x),  gates = sigmoid(W x)
+    o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(W x))
+
+with q and k L2-normalised inside the op. Which op runs, and how, is the op's business: the layer
+passes `impl` and `chunk_size` through, and its parameters do not depend on them.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sdm_jax import ops
+from sdm_jax.layers.conv import CausalConv
+from sdm_jax.layers.decay import LogDecay
+from sdm_jax.layers.norm import RMSNorm
+
+# The channel-wise decays' f is low-rank, width -> 128 -> H * K (the KDA and FG2-GDN papers).
+DECAY_RANK = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  op: str  # the function in sdm_jax.ops
+  decay: str  # "head": a scalar per head; "key": one per key channel
+  gates: tuple  # (op argument, "head" | "key" | "value"): each gate is sigmoid(Linear(width -> H * size))
+  output_gate: str  # activation of the output gate: "silu" or "sigmoid"
+
+
+VARIANTS = {
+    "gdn": Variant("gated_delta_rule", "head", (("beta", "head"),), "silu"),
+    "kda": Variant("kda", "key", (("beta", "head"),), "sigmoid"),
+    "fg2_gdn": Variant("fg2_gdn", "key", (("beta", "key"),), "sigmoid"),
+    "fg2_gdn_plus": Variant("fg2_gdn_plus", "key", (("beta_k", "key"), ("beta_v", "value")), "sigmoid"),
+    "gdn2": Variant("gdn2", "key", (("b", "key"), ("w", "value")), "silu"),
+}
+ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
+
+
+class DeltaMixer(nnx.Module):
+  """A dense delta-rule token mixer: GDN, KDA, FG2-GDN, FG2-GDN+ or GDN-2 (`mixer`).
+
+  x: [B, T, width] -> [B, T, width]; H = num_heads, K = head_dim (keys), V = value_dim (values per head).
+  """
+
+  def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, impl="chunk", chunk_size=64,
+               conv_size=4, dtype=jnp.float32, rngs):
+    if mixer not in VARIANTS:
+      raise ValueError(f"mixer: expected one of {tuple(VARIANTS)}, got {mixer!r}")
+    if mixer == "fg2_gdn" and head_dim != value_dim:
+      raise ValueError(f"value_dim: fg2_gdn scales k and v by the same gate, so it needs value_dim == head_dim "
+                       f"= {head_dim}, got {value_dim}; use fg2_gdn_plus")
+    variant = VARIANTS[mixer]
+    H, K, V = num_heads, head_dim, value_dim
+    size = {"head": 1, "key": K, "value": V}
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
+    self.q_proj, self.k_proj, self.v_proj = linear(width, H * K), linear(width, H * K), linear(width, H * V)
+    self.q_conv = CausalConv(H * K, kernel_size=conv_size, dtype=dtype, rngs=rngs)
+    self.k_conv = CausalConv(H * K, kernel_size=conv_size, dtype=dtype, rngs=rngs)
+    self.v_conv = CausalConv(H * V, kernel_size=conv_size, dtype=dtype, rngs=rngs)
+    channel_wise = variant.decay == "key"
+    self.decay = LogDecay(width, H, size[variant.decay], low_rank=DECAY_RANK if channel_wise else None,
+                          dtype=dtype, rngs=rngs)
+    for name, shape in variant.gates:
+      setattr(self, f"{name}_proj", linear(width, H * size[shape]))
+    self.o_norm = RMSNorm(V)
+    self.out_gate_proj = linear(width, H * V)
+    self.o_proj = linear(H * V, width)
+    self.mixer, self.variant = mixer, variant
+    self.num_heads, self.head_dim, self.value_dim = H, K, V
+    self.impl, self.chunk_size = impl, chunk_size
+
+  def __call__(self, x):
+    B, T, _ = x.shape
+    heads = lambda y: y.reshape(B, T, self.num_heads, -1)
+    q = heads(jax.nn.silu(self.q_conv(self.q_proj(x))))
+    k = heads(jax.nn.silu(self.k_conv(self.k_proj(x))))
+    v = heads(jax.nn.silu(self.v_conv(self.v_proj(x))))
+    gates = {}
+    for name, shape in self.variant.gates:
+      gate = heads(jax.nn.sigmoid(getattr(self, f"{name}_proj")(x).astype(jnp.float32)))
+      gates[name] = gate[..., 0] if shape == "head" else gate
+    o, _ = getattr(ops, self.variant.op)(q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=self.impl,
+                                         chunk_size=self.chunk_size)
+    out_gate = ACTIVATIONS[self.variant.output_gate](heads(self.out_gate_proj(x)))
+    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1))

@@ -1,0 +1,75 @@
+"""The Sparse Delta Memory layer (SPEC.md section 3): a delta rule on a product-key-addressed table.
+
+Per head, slot a * n + b (n = sqrt(N)) has the key (c1[a], c2[b]) from two learned sub-key tables;
+a query (its halves from a projection) scores s1[a] + s2[b]. The write query selects the top W
+slots, the read query the top R (`product_key_topk`), each weighted by a softmax over its selected
+scores. Values v = Wv x; g = -exp(A_log) softplus(a_proj x + dt_bias) (`LogDecay`, a_proj its f_proj);
+beta = sigmoid(b_proj x); readings are RMS-normalised per head, gated by sigmoid(Wog x), then projected by Wo.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sdm_jax import ops
+from sdm_jax.layers.decay import LogDecay
+from sdm_jax.layers.norm import RMSNorm
+
+# The learned initial table starts near zero so that early reads are mostly what was written.
+M0_STDDEV = 1e-2
+
+
+class SparseDeltaMemory(nnx.Module):
+  """x: [B, T, width] -> [B, T, width].
+
+  H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
+  key_dim = the width of each sub-key (and of each query half), V = value_dim per head.
+  """
+
+  def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="chunk",
+               chunk_size=16, dtype=jnp.float32, rngs):
+    n = math.isqrt(num_slots)
+    if n * n != num_slots:
+      raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
+    for name, k in (("topk_write", topk_write), ("topk_read", topk_read)):
+      if not 1 <= k <= num_slots:
+        raise ValueError(f"{name}: expected 1 <= {name} <= num_slots = {num_slots}, got {k}")
+    H, V = num_heads, value_dim
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
+    self.write_query_proj = linear(width, H * 2 * key_dim)
+    self.read_query_proj = linear(width, H * 2 * key_dim)
+    self.sub_keys_1 = nnx.Param(jax.random.normal(rngs.params(), (H, n, key_dim), jnp.float32))
+    self.sub_keys_2 = nnx.Param(jax.random.normal(rngs.params(), (H, n, key_dim), jnp.float32))
+    self.m0 = nnx.Param(M0_STDDEV * jax.random.normal(rngs.params(), (H, num_slots, V), jnp.float32))
+    self.v_proj = linear(width, H * V)
+    self.decay = LogDecay(width, H, dtype=dtype, rngs=rngs)
+    self.b_proj = linear(width, H)
+    self.o_norm = RMSNorm(V)
+    self.out_gate_proj = linear(width, H * V)
+    self.o_proj = linear(H * V, width)
+    self.num_heads, self.key_dim, self.value_dim = H, key_dim, V
+    self.topk_write, self.topk_read = topk_write, topk_read
+    self.impl, self.chunk_size = impl, chunk_size
+
+  def address(self, query, k):
+    """query: [B, T, H * 2 * key_dim] -> (slot indices, softmax weights), both [B, T, H, k]."""
+    B, T, _ = query.shape
+    halves = query.astype(jnp.float32).reshape(B, T, self.num_heads, 2, self.key_dim) * self.key_dim**-0.5
+    s1 = jnp.einsum("bthd,hnd->bthn", halves[..., 0, :], self.sub_keys_1[...])
+    s2 = jnp.einsum("bthd,hnd->bthn", halves[..., 1, :], self.sub_keys_2[...])
+    scores, idx = ops.product_key_topk(s1, s2, k)
+    return idx, jax.nn.softmax(scores, axis=-1)
+
+  def __call__(self, x):
+    B, T, _ = x.shape
+    heads = lambda y: y.reshape(B, T, self.num_heads, -1)
+    k_idx, k_w = self.address(self.write_query_proj(x), self.topk_write)
+    q_idx, q_w = self.address(self.read_query_proj(x), self.topk_read)
+    v = heads(self.v_proj(x))
+    beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+    o, _ = ops.sparse_delta_rule(self.m0[...], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=self.impl,
+                                 chunk_size=self.chunk_size)
+    out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))
+    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1))

@@ -1,0 +1,36 @@
+"""The language model's configuration: every field, with defaults small enough for CPU tests."""
+
+import ml_collections
+
+
+def default_config():
+  """A ConfigDict with every field `LanguageModel` reads.
+
+  head_dim / value_dim are per head (d_k, d_v); attention layers use head_dim for q, k and v.
+  pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
+  "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
+  impl / chunk_size select how the dense mixers run, sdm_chunk_size the SDM's chunked form; neither
+  changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  """
+  c = ml_collections.ConfigDict()
+  c.vocab_size = 256
+  c.num_layers = 2
+  c.width = 64
+  c.num_heads = 2
+  c.head_dim = 32
+  c.value_dim = 32
+  c.mixer = "gdn2"
+  c.pattern = "D"
+  c.impl = "chunk"
+  c.chunk_size = 64
+  c.window = 64
+  c.mlp_ratio = 4.0
+  c.sdm_heads = 2
+  c.sdm_num_slots = 256
+  c.sdm_topk_write = 8
+  c.sdm_topk_read = 8
+  c.sdm_value_dim = 32
+  c.sdm_key_dim = 16
+  c.sdm_chunk_size = 16
+  c.dtype = "float32"
+  return c

@@ -1,0 +1,56 @@
+"""The language model: token embedding, a stack of pre-norm blocks named by a pattern string, RMSNorm, head."""
+
+import jax.numpy as jnp
+from flax import nnx
+
+from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
+
+LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def layer_letters(pattern, num_layers):
+  """The pattern repeated or truncated to num_layers letters, e.g. ("DDDA", 6) -> "DDDADD"."""
+  if not pattern or set(pattern) - set(LETTERS):
+    raise ValueError(f"pattern: expected a non-empty string of {sorted(LETTERS)} ({LETTERS}), got {pattern!r}")
+  return (pattern * -(-num_layers // len(pattern)))[:num_layers]
+
+
+def make_mixer(letter, config, *, dtype, rngs):
+  c = config
+  if letter == "D":
+    return DeltaMixer(c.width, mixer=c.mixer, num_heads=c.num_heads, head_dim=c.head_dim, value_dim=c.value_dim,
+                      impl=c.impl, chunk_size=c.chunk_size, dtype=dtype, rngs=rngs)
+  if letter in "SA":
+    return Attention(c.width, num_heads=c.num_heads, head_dim=c.head_dim, window=c.window if letter == "S" else None,
+                     dtype=dtype, rngs=rngs)
+  return SparseDeltaMemory(c.width, num_heads=c.sdm_heads, num_slots=c.sdm_num_slots, topk_write=c.sdm_topk_write,
+                           topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.impl,
+                           chunk_size=c.sdm_chunk_size, dtype=dtype, rngs=rngs)
+
+
+class LanguageModel(nnx.Module):
+  """tokens: [B, T] int32 -> logits: [B, T, vocab_size] fp32.
+
+  Parameters are fp32; activations run in config.dtype. The output head is not tied to the embedding.
+  """
+
+  def __init__(self, config, *, rngs):
+    if config.dtype not in DTYPES:
+      raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {config.dtype!r}")
+    dtype = DTYPES[config.dtype]
+    width = config.width
+    self.embed = nnx.Embed(config.vocab_size, width, dtype=dtype, rngs=rngs)
+    self.blocks = nnx.List([
+        Block(make_mixer(letter, config, dtype=dtype, rngs=rngs), width, mlp_hidden=round(config.mlp_ratio * width),
+              dtype=dtype, rngs=rngs)
+        for letter in layer_letters(config.pattern, config.num_layers)])
+    self.final_norm = RMSNorm(width)
+    self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype,
+                           preferred_element_type=jnp.float32, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for block in self.blocks:
+      x = block(x)
+    return self.head(self.final_norm(x)).astype(jnp.float32)

@@ -1,0 +1,1 @@
+"""Training: optax optimizer, jitted steps over a device mesh, orbax checkpoints, metrics."""

@@ -1,0 +1,104 @@
+"""The training program, top to bottom: model, optimizer, mesh, data, resume, steps, eval, checkpoints."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+from flax import nnx
+
+from sdm_jax.data import make_iterator
+from sdm_jax.models import LanguageModel, count_params
+from sdm_jax.training.checkpoint import Checkpointer
+from sdm_jax.training.metrics import MetricsLog, Progress, plot_metrics
+from sdm_jax.training.optimizer import make_optimizer
+from sdm_jax.training.sharding import global_batch, make_mesh, place_state
+from sdm_jax.training.steps import eval_step, train_step
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss became non-finite; the last good checkpoint is left as it was."""
+
+
+def build(config, mesh):
+  model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
+  place_state(model, mesh, config.train.fsdp)
+  return model
+
+
+def evaluate(model, config, mesh, split="validation"):
+  """Mean loss, accuracy and perplexity over config.train.eval_batches batches of `split`."""
+  iterator = make_iterator(config, split, shard_index=jax.process_index(), shard_count=jax.process_count())
+  totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}
+  for _, batch in zip(range(config.train.eval_batches), iterator):  # validation is finite
+    metrics = jax.device_get(eval_step(model, global_batch(batch, mesh)))
+    for key in ("loss", "accuracy"):
+      totals[key] += float(metrics[key]) * float(metrics["tokens"])
+    totals["tokens"] += float(metrics["tokens"])
+  count = max(totals["tokens"], 1.0)
+  loss = totals["loss"] / count
+  return {"loss": loss, "accuracy": totals["accuracy"] / count, "perplexity": float(np.exp(min(loss, 50.0)))}
+
+
+def train(config, workdir, *, resume=True, stop_after=None, log=print):
+  """Trains to config.train.steps (or `stop_after` more steps of this call); returns the final step."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  train_cfg = config.train
+  mesh = make_mesh()
+  model = build(config, mesh)
+  optimizer = make_optimizer(model, train_cfg)
+  place_state(optimizer, mesh, train_cfg.fsdp)
+  log(f"model: {count_params(model):,} parameters; pattern {config.model.pattern!r}, mixer {config.model.mixer}, "
+      f"impl {config.model.impl}; {len(jax.devices())} device(s)")
+
+  iterator = make_iterator(config, "train", shard_index=jax.process_index(), shard_count=jax.process_count())
+  checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
+  step = (checkpoints.restore(model, optimizer, iterator) if resume else None) or 0
+  if step:
+    log(f"resumed from step {step} ({checkpoints.directory})")
+  metrics_log = MetricsLog(workdir)
+  progress = Progress(step, train_cfg.steps)
+  last = train_cfg.steps if stop_after is None else min(train_cfg.steps, step + stop_after)
+  tokens_per_step = config.data.batch_size * config.data.seq_len
+
+  while step < last:
+    metrics = jax.device_get(train_step(model, optimizer, global_batch(next(iterator), mesh)))
+    step += 1
+    loss = float(metrics["loss"])
+    if not np.isfinite(loss):
+      raise TrainingDiverged(
+          f"non-finite loss ({loss}) at step {step}; stopped without saving. The last good checkpoint is step "
+          f"{checkpoints.latest_step()} in {checkpoints.directory}")
+    record = {"split": "train", "step": step, **{k: float(v) for k, v in metrics.items()}}
+    if step % train_cfg.log_every == 0 or step == last:
+      log(progress.line(step, record, tokens_per_step * train_cfg.log_every))
+      metrics_log.write(record)
+    if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
+      result = evaluate(model, config, mesh)
+      metrics_log.write({"split": "eval", "step": step, **result})
+      log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
+    if step % train_cfg.checkpoint_every == 0 or step == last:
+      checkpoints.save(step, model, optimizer, iterator.get_state(), config)
+
+  checkpoints.close()
+  plot_metrics(metrics_log.read(), workdir / "metrics.png")
+  return step
+
+
+def restore_for_eval(workdir, config):
+  """Builds the model of a run and restores its newest readable checkpoint; returns (model, step, mesh)."""
+  mesh = make_mesh()
+  model = build(config, mesh)
+  checkpoints = Checkpointer(workdir)
+  step = checkpoints.restore(model)
+  checkpoints.close()
+  if step is None:
+    raise FileNotFoundError(f"no readable checkpoint under {checkpoints.directory}")
+  return model, step, mesh
+
+
+def load_config(workdir):
+  import ml_collections
+  return ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))

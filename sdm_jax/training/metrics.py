@@ -1,0 +1,67 @@
+"""Run metrics: a JSONL log, a progress line with tokens/s and ETA, and loss/accuracy plots."""
+
+import json
+import pathlib
+import time
+
+
+class MetricsLog:
+  """Appends one JSON object per record to <workdir>/metrics.jsonl (kept across resumes)."""
+
+  def __init__(self, workdir):
+    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+
+  def write(self, record):
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+
+  def read(self):
+    if not self.path.exists():
+      return []
+    return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+class Progress:
+  """Tokens/s and ETA from wall time since the first logged step of this process."""
+
+  def __init__(self, start_step, total_steps):
+    self.start_step, self.total_steps = start_step, total_steps
+    self.start_time, self.tokens = None, 0.0
+
+  def line(self, step, metrics, tokens):
+    now = time.perf_counter()
+    if self.start_time is None:  # the first step includes compilation; time from its end
+      self.start_time, self.first_step = now, step
+      return f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f} (compiled)"
+    self.tokens += tokens
+    elapsed = now - self.start_time
+    rate = self.tokens / max(elapsed, 1e-9)
+    steps_per_s = (step - self.first_step) / max(elapsed, 1e-9)
+    eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
+    return (f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f} "
+            f"{rate:,.0f} tok/s ETA {eta:.0f}s")
+
+
+def plot_metrics(records, path):
+  """Loss and accuracy against step, train and eval, as a PNG."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for split in ("train", "eval"):
+    rows = [r for r in records if r.get("split") == split]
+    if not rows:
+      continue
+    steps = [r["step"] for r in rows]
+    for ax, key in zip(axes, ("loss", "accuracy")):
+      ax.plot(steps, [r[key] for r in rows], marker="o" if split == "eval" else None, label=split)
+  for ax, key in zip(axes, ("loss", "accuracy")):
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,86 @@
+"""The Sparse Delta Memory layer: shapes, scan == chunk, impl-free parameters, causality, decay init,
+and gradients that reach the initial table, both sub-key tables and every projection."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sdm_jax.layers import SparseDeltaMemory
+from sdm_jax.layers.decay import A_RANGE, DT_RANGE
+
+B, T, WIDTH, H, N, W, R, KEY_DIM, V = 2, 20, 32, 2, 64, 4, 3, 8, 8
+
+
+def make_layer(impl, seed=0):
+  return SparseDeltaMemory(WIDTH, num_heads=H, num_slots=N, topk_write=W, topk_read=R, key_dim=KEY_DIM, value_dim=V,
+                           impl=impl, chunk_size=8, rngs=nnx.Rngs(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def forward(impl):
+  graphdef, state = nnx.split(make_layer(impl))
+  run = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
+  return lambda x: run(state, x)
+
+
+def inputs(seed):
+  return jax.random.normal(jax.random.key(seed), (B, T, WIDTH), jnp.float32)
+
+
+def test_parameter_shapes_and_impl_independence():
+  scan, chunk = (nnx.state(make_layer(impl), nnx.Param) for impl in ("scan", "chunk"))
+  assert jax.tree.structure(scan) == jax.tree.structure(chunk)
+  for a, b in zip(jax.tree.leaves(scan), jax.tree.leaves(chunk)):
+    np.testing.assert_array_equal(a, b)
+  assert chunk["m0"].shape == (H, N, V)
+  assert chunk["sub_keys_1"].shape == chunk["sub_keys_2"].shape == (H, 8, KEY_DIM)  # sqrt(N) rows
+  assert float(jnp.std(chunk["m0"][...])) < 0.05
+
+
+def test_chunk_matches_scan():
+  x = inputs(1)
+  ref, out = forward("scan")(x), forward("chunk")(x)
+  assert out.shape == (B, T, WIDTH) and bool(jnp.all(jnp.isfinite(out)))
+  assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) <= 1e-5
+
+
+def test_causal():
+  t = 11
+  x = inputs(2)
+  x_changed = x.at[:, t].add(jax.random.normal(jax.random.key(3), (B, WIDTH)))
+  out, out_changed = forward("chunk")(x), forward("chunk")(x_changed)
+  np.testing.assert_allclose(out_changed[:, :t], out[:, :t], rtol=0, atol=1e-6)
+  assert float(jnp.abs(out_changed[:, t] - out[:, t]).max()) > 1e-4
+
+
+def test_decay_init_ranges():
+  decay = make_layer("chunk").decay
+  assert decay.A_log.shape == decay.dt_bias.shape == (H,)
+  a, dt = np.exp(decay.A_log[...]), np.asarray(jax.nn.softplus(decay.dt_bias[...]))
+  assert A_RANGE[0] <= a.min() and a.max() <= A_RANGE[1]
+  assert DT_RANGE[0] * (1 - 1e-5) <= dt.min() and dt.max() <= DT_RANGE[1] * (1 + 1e-5)
+
+
+def test_gradients_reach_every_parameter():
+  layer = make_layer("chunk")
+  x = inputs(4)
+  r = jax.random.normal(jax.random.key(5), (B, T, WIDTH))
+  grads = nnx.jit(nnx.grad(lambda layer, x: jnp.sum(layer(x) * r)))(layer, x)
+  flat = {"/".join(map(str, path)): np.asarray(leaf[...]) for path, leaf in nnx.to_flat_state(grads)}
+  expected = {"m0", "sub_keys_1", "sub_keys_2", "write_query_proj/kernel", "read_query_proj/kernel", "v_proj/kernel",
+              "decay/f_proj/kernel", "decay/A_log", "decay/dt_bias", "b_proj/kernel", "o_norm/scale",
+              "out_gate_proj/kernel", "o_proj/kernel"}
+  assert set(flat) == expected
+  for name, g in flat.items():
+    assert np.all(np.isfinite(g)), name
+    assert np.abs(g).max() > 0, name
+
+
+def test_num_slots_must_be_a_square():
+  with pytest.raises(ValueError, match="num_slots"):
+    SparseDeltaMemory(WIDTH, num_heads=H, num_slots=60, topk_write=W, topk_read=R, key_dim=KEY_DIM, value_dim=V,
+                      rngs=nnx.Rngs(0))
