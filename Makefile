@@ -24,10 +24,10 @@ $(VENV)/.installed: pyproject.toml
 DEMO := runs/demo
 DEMO_CONFIG := experiments/configs/mqar.py:demo
 
-# A tiny GDN-2 on MQAR: train 60 steps and stop, resume to the end, evaluate the checkpoint.
+# A tiny GDN-2 on MQAR: train 150 steps and stop, resume to the end (300), evaluate the checkpoint.
 demo: $(VENV)/.installed
 	rm -rf $(DEMO)
-	$(PY) -m experiments.train --config=$(DEMO_CONFIG) --workdir=$(DEMO) --stop_after=60
+	$(PY) -m experiments.train --config=$(DEMO_CONFIG) --workdir=$(DEMO) --stop_after=150
 	$(PY) -m experiments.train --config=$(DEMO_CONFIG) --workdir=$(DEMO)
 	$(PY) -m experiments.eval --workdir=$(DEMO)
 	@echo "demo run in $(DEMO): checkpoints/, metrics.jsonl, metrics.png (loss/accuracy plot), eval.json, config.json"
