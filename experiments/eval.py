@@ -2,7 +2,8 @@ r"""Evaluates the newest checkpoint of a run on its validation split.
 
   python -m experiments.eval --workdir=runs/mqar_gdn2
 
-Prints loss, accuracy (for MQAR: recall accuracy on the queried values) and perplexity, and writes
+Prints loss, accuracy (for MQAR: recall accuracy on the queried values), perplexity and sequence
+exact match (every scored token right, RULER's scoring), and writes
 them to <workdir>/eval.json.
 """
 
@@ -29,7 +30,7 @@ def main(argv):
   path = pathlib.Path(FLAGS.workdir) / "eval.json"
   path.write_text(json.dumps(result, indent=2))
   print(f"step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f} "
-        f"perplexity {result['perplexity']:.3f} -> {path}")
+        f"perplexity {result['perplexity']:.3f} exact match {result['exact_match']:.4f} -> {path}")
 
 
 if __name__ == "__main__":

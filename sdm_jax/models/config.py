@@ -9,8 +9,8 @@ def default_config():
   head_dim / value_dim are per head (d_k, d_v); attention layers use head_dim for q, k and v.
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
-  impl / chunk_size select how the dense mixers run, sdm_chunk_size the SDM's chunked form; neither
-  changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  impl / chunk_size select how the dense mixers run, sdm_impl / sdm_chunk_size how the SDM runs
+  (it has no Pallas recurrence yet); none of them changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256
@@ -31,6 +31,7 @@ def default_config():
   c.sdm_topk_read = 8
   c.sdm_value_dim = 32
   c.sdm_key_dim = 16
+  c.sdm_impl = "chunk"
   c.sdm_chunk_size = 16
   c.dtype = "float32"
   return c

@@ -25,7 +25,7 @@ def make_mixer(letter, config, *, dtype, rngs):
     return Attention(c.width, num_heads=c.num_heads, head_dim=c.head_dim, window=c.window if letter == "S" else None,
                      dtype=dtype, rngs=rngs)
   return SparseDeltaMemory(c.width, num_heads=c.sdm_heads, num_slots=c.sdm_num_slots, topk_write=c.sdm_topk_write,
-                           topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.impl,
+                           topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.sdm_impl,
                            chunk_size=c.sdm_chunk_size, dtype=dtype, rngs=rngs)
 
 

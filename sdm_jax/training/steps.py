@@ -12,8 +12,14 @@ def masked_cross_entropy(logits, targets, mask):
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
   count = jnp.maximum(jnp.sum(mask), 1.0)
   loss = jnp.sum(nll * mask) / count
-  accuracy = jnp.sum((jnp.argmax(logits, -1) == targets) * mask) / count
-  return loss, {"loss": loss, "accuracy": accuracy, "tokens": jnp.sum(mask)}
+  correct = jnp.argmax(logits, -1) == targets
+  accuracy = jnp.sum(correct * mask) / count
+  # Exact match: a sequence counts only if every scored token is right (RULER's scoring).
+  scored = jnp.any(mask > 0, axis=-1)
+  sequences = jnp.sum(scored)
+  exact = jnp.sum(jnp.all(correct | (mask == 0), axis=-1) & scored) / jnp.maximum(sequences, 1)
+  return loss, {"loss": loss, "accuracy": accuracy, "exact_match": exact, "tokens": jnp.sum(mask),
+                "sequences": sequences}
 
 
 @nnx.jit

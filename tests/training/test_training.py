@@ -98,3 +98,17 @@ print(json.dumps({{"devices": len(jax.devices()), "losses": train_losses(sys.arg
   assert results["four"]["devices"] == 4
   one, four = results["one"]["losses"], results["four"]["losses"]
   np.testing.assert_allclose([four[k] for k in sorted(four)], [one[k] for k in sorted(one)], rtol=1e-4)
+
+
+def test_masked_metrics_against_hand_computed_values():
+  import jax.numpy as jnp
+  from sdm_jax.training.steps import masked_cross_entropy
+  logits = jnp.log(jnp.asarray([[[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]],
+                                [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.1, 0.1, 0.8]]]))
+  targets = jnp.asarray([[0, 1, 0], [1, 2, 2]])
+  mask = jnp.asarray([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+  loss, metrics = masked_cross_entropy(logits, targets, mask)
+  expected = -(np.log(0.7) + np.log(0.8) + np.log(0.2) + np.log(0.8)) / 4
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
+  assert float(metrics["accuracy"]) == 0.75  # the second row misses target 2 at position 1
+  assert float(metrics["exact_match"]) == 0.5
