@@ -85,3 +85,12 @@ def test_bench_sweep_records_failures_and_writes_report(tmp_path):
 def test_peer_is_skipped_with_a_reason():
   op, reason = fla_peer.load_peer("gdn")
   assert op is None and "no fla peer" in reason
+
+
+def test_sdm_bench_times_every_part():
+  from sdm_jax.evaluation import sdm_bench
+  sdm = sdm_bench.time_sdm(1, 32, 2, 64, 8, 4, 4, chunk_size=16, reps=2)
+  address = sdm_bench.time_addressing(64, 2, 8, 4, 16, impl="xla", reps=2)
+  for timings, keys in ((sdm, ("fwd_ms", "fwd_bwd_ms", "compile_fwd_s")), (address, ("fwd_ms", "compile_s"))):
+    for key in keys:
+      assert 0 < timings[key] < 1e5, (key, timings)

@@ -1,0 +1,88 @@
+r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs, and product-key
+addressing through the Pallas kernel and through XLA's top-k.
+
+  python -m experiments.bench_sdm        # SPEC.md section 3 / issue shapes on a GPU
+
+Defaults: SDM H=2, N=65,536, V=1,024, W=R=128 over 4 x 4096 tokens (bf16 values, fp32 table);
+GDN 16 heads of 128 x 128; addressing over 64K rows (32,768 tokens x 2 heads), sqrt(N)=256,
+k=128, sub-key dim 128. On a CPU backend every size shrinks unless given. Writes
+<out_dir>/<date>_<tag>.{json,md}; each measurement is written as soon as it is made.
+"""
+
+import json
+import os
+
+from absl import app, flags, logging
+import jax
+
+from sdm_jax.evaluation import sdm_bench
+from sdm_jax.evaluation.timing import run_metadata
+
+flags.DEFINE_string("shape", "4x4096", "B x T of the SDM and GDN runs.")
+flags.DEFINE_integer("sdm_heads", 2, "H of the SDM.")
+flags.DEFINE_integer("num_slots", 65536, "N, slots per SDM head.")
+flags.DEFINE_integer("value_dim", 1024, "V of the SDM.")
+flags.DEFINE_integer("topk", 128, "W = R.")
+flags.DEFINE_integer("gdn_heads", 16, "H of the dense GDN run.")
+flags.DEFINE_integer("gdn_head_dim", 128, "K = V of the dense GDN run.")
+flags.DEFINE_integer("address_rows", 32768, "Tokens of the addressing run (times sdm_heads rows).")
+flags.DEFINE_integer("address_dim", 128, "Sub-key dimension of the addressing run.")
+flags.DEFINE_integer("reps", 10, "Warm runs per timing (median).")
+flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON and markdown go.")
+flags.DEFINE_string("tag", "sdm", "File name tag.")
+FLAGS = flags.FLAGS
+
+CPU_DEFAULTS = {"shape": "1x64", "num_slots": 1024, "value_dim": 32, "topk": 8, "gdn_heads": 2, "gdn_head_dim": 32,
+                "address_rows": 256, "address_dim": 32}
+
+
+def main(argv):
+  del argv
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  if jax.default_backend() == "cpu":
+    for name, value in CPU_DEFAULTS.items():
+      if not FLAGS[name].present:
+        FLAGS[name].value = value
+  B, T = (int(x) for x in FLAGS.shape.split("x"))
+  n = int(round(FLAGS.num_slots**0.5))
+  if n * n != FLAGS.num_slots:
+    raise app.UsageError(f"--num_slots: expected a perfect square, got {FLAGS.num_slots}")
+  meta = run_metadata()
+  rows = []
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  base = os.path.join(FLAGS.out_dir, f"{meta['date'][:10]}_{FLAGS.tag}")
+
+  def record(name, fn, **kw):
+    print(f"{name}: compiling and timing...", flush=True)
+    try:
+      result = fn(**kw)
+    except Exception as error:  # record it and go on with the rest
+      result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    rows.append({"what": name, **result})
+    with open(base + ".json", "w") as f:
+      json.dump({**meta, "rows": rows}, f, indent=2)
+    table = ["| what | fwd ms | fwd+bwd ms | note |", "|---|---|---|---|"]
+    for r in rows:
+      cell = lambda key: f"{r[key]:.3f}" if key in r else "-"
+      table.append(f"| {r['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {r.get('error', '')} |")
+    with open(base + ".md", "w") as f:
+      f.write(f"# {FLAGS.tag}\n\n- date: `{meta['date']}`\n- device: `{meta['device']}`\n"
+              f"- command: `{meta['command']}`\n\n" + "\n".join(table) + "\n")
+    print("\n".join(table[-1:]), flush=True)
+
+  H, N, V, W = FLAGS.sdm_heads, FLAGS.num_slots, FLAGS.value_dim, FLAGS.topk
+  record(f"sdm chunk {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V, W=W, R=W,
+         reps=FLAGS.reps)
+  K = FLAGS.gdn_head_dim
+  record(f"gdn chunk {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
+         H=FLAGS.gdn_heads, K=K, V=K, reps=FLAGS.reps)
+  for impl in ("xla", "pallas"):
+    record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",
+           sdm_bench.time_addressing, rows=FLAGS.address_rows, heads=H, n=n, k=W, dim=FLAGS.address_dim, impl=impl,
+           reps=FLAGS.reps)
+  print(f"\nwrote {base}.json, {base}.md")
+
+
+if __name__ == "__main__":
+  app.run(main)

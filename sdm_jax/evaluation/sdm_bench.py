@@ -1,0 +1,66 @@
+"""Timing Sparse Delta Memory: the op (forward, forward+backward) next to the dense GDN op at
+matching FLOPs, and product-key addressing through the Pallas kernel and through XLA."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sdm_jax.evaluation.op_bench import time_impl
+from sdm_jax.evaluation.op_inputs import make_op_inputs, make_readouts
+from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.ops import product_key_address, sparse_delta_rule
+
+INPUT_SETS = 3
+
+
+def sdm_inputs(B, T, H, N, V, W, R, seed):
+  """Random SDM inputs: bf16 values, fp32 table, weights a softmax over random scores."""
+  rng = np.random.default_rng(seed)
+  softmax = lambda s: np.exp(s - s.max(-1, keepdims=True)) / np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True)
+  floats = {
+      "m0": jnp.asarray(0.01 * rng.standard_normal((H, N, V), np.float32)),
+      "k_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, W), np.float32))),
+      "v": jnp.asarray(rng.standard_normal((B, T, H, V), np.float32), jnp.bfloat16),
+      "g": jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((B, T, H)) - 1.0), jnp.float32),
+      "beta": jnp.asarray(1 / (1 + np.exp(-rng.standard_normal((B, T, H)))), jnp.float32),
+      "q_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, R), np.float32))),
+  }
+  ints = {"k_idx": jnp.asarray(rng.integers(0, N, (B, T, H, W)), jnp.int32),
+          "q_idx": jnp.asarray(rng.integers(0, N, (B, T, H, R)), jnp.int32)}
+  return floats, ints
+
+
+def time_sdm(B, T, H, N, V, W, R, *, chunk_size=16, reps=10, seed=0):
+  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms} of sparse_delta_rule(impl="chunk")."""
+  sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
+  r_o = jnp.asarray(np.random.default_rng(seed).standard_normal((B, T, H, V), np.float32))
+
+  def forward(floats, ints):
+    return sparse_delta_rule(**floats, **ints, chunk_size=chunk_size)[0]
+
+  def loss(floats, ints):
+    return jnp.sum(forward(floats, ints).astype(jnp.float32) * r_o)
+
+  fwd, compile_fwd_s = compile_timed(forward, *sets[0])
+  step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0])
+  return {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
+          "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, sets, reps)}
+
+
+def time_dense(mixer, B, T, H, K, V, *, impl="chunk", chunk_size=64, reps=10, seed=0):
+  """The same timings for a dense mixer (bf16 inputs), through the bench_ops path."""
+  built = [make_op_inputs(mixer, B, T, H, K, V, "bfloat16", seed + 10 * i, initial_state=False)
+           for i in range(INPUT_SETS)]
+  readout, _ = make_readouts(B, T, H, K, V, "bfloat16", seed, state=False)
+  timings, _ = time_impl(built[0][0], [args for _, args in built], readout, impl, chunk_size, reps)
+  return timings
+
+
+def time_addressing(rows, heads, n, k, dim, *, impl, reps=10, seed=0):
+  """{compile_s, fwd_ms} of product_key_address over `rows` tokens x `heads` heads."""
+  rng = np.random.default_rng(seed)
+  sets = [tuple(jnp.asarray(rng.standard_normal(shape, np.float32)) for shape in
+                ((1, rows, heads, dim), (1, rows, heads, dim), (heads, n, dim), (heads, n, dim)))
+          for _ in range(INPUT_SETS)]
+  fwd, compile_s = compile_timed(lambda *xs: product_key_address(*xs, k, impl=impl), *sets[0])
+  return {"compile_s": compile_s, "fwd_ms": median_ms(fwd, sets, reps)}
