@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The open GPU measurements in one device call, each step under its own time limit, every result
-# written under $OUT as it is made (a step cut off by its limit keeps what it measured).
+# The open GPU measurements in one device call, each step under its own time limit. Results go to
+# /tmp/results; after every step they are packed into $OUT/results.tgz (the device tool brings back
+# at most 8 files), beside $OUT/log.txt, so a step cut off by its limit keeps what it measured.
 #
 # Wheels the H200 image lacks (download here, never commit; carry ".whl"):
 #   python3.12 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -12,11 +13,13 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+RES=/tmp/results
+mkdir -p "$OUT" "$RES"
 run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.txt
   local limit=$1; shift
   echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"
   timeout "$limit" "$@" 2>&1 | grep -v -i "warning" | tee -a "$OUT/log.txt"
+  tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints .
 }
 steps=${*:-kernels bench sdm train}
 for step in $steps; do
@@ -24,18 +27,18 @@ for step in $steps; do
     kernels)  # pallas vs chunk, every gradient, at the issue shape
       for m in gdn2 kda gdn; do
         run 150 python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
-          --heads=16 --head_dim=128 --dtype=bfloat16 --out_json="$OUT/compare_$m.json"
+          --heads=16 --head_dim=128 --dtype=bfloat16 --out_json="$RES/compare_$m.json"
       done ;;
     bench)  # chunk, pallas and fla in one run, one shape at a time
       for shape in 4x4096 8x2048 1x16384; do
         run 200 python3 -m experiments.bench_ops --mixers=gdn2,kda --impls=pallas,chunk --shapes=$shape --reps=10 \
-          --out_dir="$OUT" --tag=h200_$shape
+          --out_dir="$RES" --tag=h200_$shape
       done ;;
     sdm)
-      run 300 python3 -m experiments.bench_sdm --out_dir="$OUT" --tag=h200_sdm ;;
+      run 300 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
     train)  # small MQAR models, pallas impl for the dense mixers
       for v in gdn2 kda gdn; do
-        run 150 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$OUT/mqar_$v" \
+        run 150 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_$v" \
           --config.model.impl=pallas --config.train.steps=600 --config.train.checkpoint_every=600
       done ;;
   esac
