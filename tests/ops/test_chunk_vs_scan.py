@@ -52,9 +52,29 @@ def _weights(mixer, T, seed, dtype=jnp.float32):
   return cotangents((B, T, H, Vm), (B, H, K, Vm), seed, dtype)
 
 
+# The full product of SPEC section 6's sweep, behind the `slow` marker (about 2 hours on 2 cores).
+FULL_SWEEP = [
+    Config(T=T, h0=h0, chunk=chunk, l2norm=True,
+           variants=tuple((decay, gates) for decay in (0.01, 1.0, 30.0, "mixed")
+                          for gates in ("random", "one", "binary") + (("zero",) if h0 else ())))
+    for T in (1, 63, 64, 65, 200) for h0 in (True, False) for chunk in (16, 32, 64)
+]
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_chunk_matches_float64_scan(x64, mixer, config):
+  _check_config(mixer, config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", FULL_SWEEP, ids=str)
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_full_sweep_chunk_matches_float64_scan(x64, mixer, config):
+  _check_config(mixer, config)
+
+
+def _check_config(mixer, config):
   """Every variant of a config runs on one compilation; all failing variants are reported together."""
   failures = []
   for decay, gates in config.variants:
