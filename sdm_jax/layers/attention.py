@@ -5,11 +5,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def rotary(x, base=10000.0):
-  """Rotates channel pairs (i, i + D/2) of x: [B, T, H, D] by angle t * base^(-2i/D) (RoPE, rotate-half form)."""
+def rotary(x, base=10000.0, positions=None):
+  """Rotates channel pairs (i, i + D/2) of x: [B, T, H, D] by angle p * base^(-2i/D) (RoPE, rotate-half form).
+
+  positions: [T], the sequence index p of each token (default 0 .. T - 1).
+  """
   T, D = x.shape[1], x.shape[-1]
+  positions = jnp.arange(T) if positions is None else positions
   inv_freq = base ** (-jnp.arange(0, D // 2, dtype=jnp.float32) * 2 / D)
-  angle = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq  # [T, D/2]
+  angle = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
   cos, sin = jnp.cos(angle)[:, None], jnp.sin(angle)[:, None]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -19,6 +23,9 @@ class Attention(nnx.Module):
   """Multi-head causal attention; token t sees s in (t - window, t], or all s <= t when window is None.
 
   x: [B, T, width] -> [B, T, width]. Scores and softmax in fp32.
+  For decoding, the cache holds the rotated keys and the values of the last L = min(window, max_len)
+  tokens, {"k", "v"}: [B, L, H, head_dim], position p in slot p % L: a ring buffer that never wraps
+  for full attention (L = max_len) and keeps exactly the window for sliding-window attention.
   """
 
   def __init__(self, width, *, num_heads, head_dim, window=None, rope_base=10000.0, dtype=jnp.float32, rngs):
@@ -32,19 +39,58 @@ class Attention(nnx.Module):
     self.v_proj = linear(width, num_heads * head_dim)
     self.o_proj = linear(num_heads * head_dim, width)
     self.num_heads, self.head_dim, self.window, self.rope_base = num_heads, head_dim, window, rope_base
+    self.dtype = dtype
 
-  def __call__(self, x):
+  def project(self, x, positions):
+    """x: [B, T, width], positions: [T] -> q, k (rotated), v: [B, T, H, head_dim]."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, self.head_dim)
-    q = rotary(heads(self.q_proj(x)), self.rope_base)
-    k = rotary(heads(self.k_proj(x)), self.rope_base)
-    v = heads(self.v_proj(x))
+    q = rotary(heads(self.q_proj(x)), self.rope_base, positions)
+    k = rotary(heads(self.k_proj(x)), self.rope_base, positions)
+    return q, k, heads(self.v_proj(x))
+
+  def attend(self, q, k, v, q_positions, k_positions):
+    """q: [B, T, H, D] at q_positions [T]; k, v: [B, S, H, D] at k_positions [S] (< 0: an empty slot)."""
+    B, T = q.shape[:2]
     scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * self.head_dim**-0.5
-    t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
-    visible = s <= t
+    t, s = q_positions[:, None], k_positions[None, :]
+    visible = (s <= t) & (s >= 0)
     if self.window is not None:
       visible &= t - s < self.window
     # The diagonal is always visible, so no row is all -inf.
     weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
     o = jnp.einsum("bhts,bshd->bthd", weights.astype(v.dtype), v)
     return self.o_proj(o.reshape(B, T, -1))
+
+  def __call__(self, x):
+    positions = jnp.arange(x.shape[1])
+    q, k, v = self.project(x, positions)
+    return self.attend(q, k, v, positions, positions)
+
+  def init_cache(self, batch, max_len):
+    L = max_len if self.window is None else min(self.window, max_len)
+    shape = (batch, L, self.num_heads, self.head_dim)
+    return {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
+
+  def prefill(self, x, max_len):
+    """x: [B, T, width], T <= max_len -> (y [B, T, width], the cache of the last L tokens)."""
+    B, T, _ = x.shape
+    positions = jnp.arange(T)
+    q, k, v = self.project(x, positions)
+    cache = self.init_cache(B, max_len)
+    kept = positions[max(T - cache["k"].shape[1], 0):]
+    slots = kept % cache["k"].shape[1]
+    cache = {"k": cache["k"].at[:, slots].set(k[:, kept]), "v": cache["v"].at[:, slots].set(v[:, kept])}
+    return self.attend(q, k, v, positions, positions), cache
+
+  def step(self, x_t, cache, position):
+    """x_t: [B, width] at sequence index position (an int32 scalar, < max_len) -> (y_t [B, width], cache)."""
+    L = cache["k"].shape[1]
+    position = jnp.asarray(position, jnp.int32)
+    q, k, v = self.project(x_t[:, None], position[None])
+    slot = position % L
+    cache = {"k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(self.dtype), slot, axis=1),
+             "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(self.dtype), slot, axis=1)}
+    # Slot j holds the newest position <= position congruent to j mod L; negative means not yet written.
+    slot_positions = position - (position - jnp.arange(L)) % L
+    return self.attend(q, cache["k"], cache["v"], position[None], slot_positions)[:, 0], cache

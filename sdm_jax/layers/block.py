@@ -8,7 +8,10 @@ from sdm_jax.layers.norm import RMSNorm
 
 
 class Block(nnx.Module):
-  """Wraps any token mixer (x: [B, T, width] -> [B, T, width]) with RMSNorms, residuals and a SwiGLU MLP."""
+  """Wraps any token mixer (x: [B, T, width] -> [B, T, width]) with RMSNorms, residuals and a SwiGLU MLP.
+
+  prefill and step pass the mixer's decoding cache through (see the mixers' init_cache).
+  """
 
   def __init__(self, mixer, width, *, mlp_hidden, dtype=jnp.float32, rngs):
     self.mixer_norm = RMSNorm(width)
@@ -17,5 +20,17 @@ class Block(nnx.Module):
     self.mlp = SwiGLU(width, mlp_hidden, dtype=dtype, rngs=rngs)
 
   def __call__(self, x):
-    x = x + self.mixer(self.mixer_norm(x))
+    return self.feed_forward(x + self.mixer(self.mixer_norm(x)))
+
+  def prefill(self, x, max_len):
+    """x: [B, T, width] -> (y, the mixer's cache)."""
+    mixed, cache = self.mixer.prefill(self.mixer_norm(x), max_len)
+    return self.feed_forward(x + mixed), cache
+
+  def step(self, x_t, cache, position):
+    """x_t: [B, width] at sequence index position -> (y_t, cache)."""
+    mixed, cache = self.mixer.step(self.mixer_norm(x_t), cache, position)
+    return self.feed_forward(x_t + mixed), cache
+
+  def feed_forward(self, x):
     return x + self.mlp(self.mlp_norm(x))

@@ -73,17 +73,45 @@ class DeltaMixer(nnx.Module):
     self.num_heads, self.head_dim, self.value_dim = H, K, V
     self.impl, self.chunk_size = impl, chunk_size
 
+  def init_cache(self, batch, max_len=None):
+    """The decoding cache: the three convs' histories and the fp32 recurrent state "S" [B, H, K, V].
+
+    Its size does not grow with the sequence; max_len is accepted so every mixer has one signature.
+    """
+    del max_len
+    return {"q_conv": self.q_conv.init_cache(batch), "k_conv": self.k_conv.init_cache(batch),
+            "v_conv": self.v_conv.init_cache(batch),
+            "S": jnp.zeros((batch, self.num_heads, self.head_dim, self.value_dim), jnp.float32)}
+
   def __call__(self, x):
+    return self.prefill(x)[0]
+
+  def prefill(self, x, max_len=None):
+    """x: [B, T, width] with T >= 1 -> (y [B, T, width], the cache after the T tokens)."""
+    return self.extend(x, self.init_cache(x.shape[0], max_len), self.impl)
+
+  def step(self, x_t, cache, position=None):
+    """x_t: [B, width] -> (y_t [B, width], cache). The position matters only to attention."""
+    del position
+    # One token is the recurrence itself, so the scan reference is also the fastest path.
+    y, cache = self.extend(x_t[:, None], cache, "scan")
+    return y[:, 0], cache
+
+  def extend(self, x, cache, impl):
+    """Runs x: [B, T, width] on from the state in cache; returns (y [B, T, width], the new cache)."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, -1)
-    q = heads(jax.nn.silu(self.q_conv(self.q_proj(x))))
-    k = heads(jax.nn.silu(self.k_conv(self.k_proj(x))))
-    v = heads(jax.nn.silu(self.v_conv(self.v_proj(x))))
+    new_cache = {}
+    def conv(name, y):
+      y, new_cache[f"{name}_conv"] = getattr(self, f"{name}_conv").extend(y, cache[f"{name}_conv"])
+      return heads(jax.nn.silu(y))
+    q, k, v = conv("q", self.q_proj(x)), conv("k", self.k_proj(x)), conv("v", self.v_proj(x))
     gates = {}
     for name, shape in self.variant.gates:
       gate = heads(jax.nn.sigmoid(getattr(self, f"{name}_proj")(x).astype(jnp.float32)))
       gates[name] = gate[..., 0] if shape == "head" else gate
-    o, _ = getattr(ops, self.variant.op)(q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=self.impl,
-                                         chunk_size=self.chunk_size)
+    o, new_cache["S"] = getattr(ops, self.variant.op)(
+        q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=impl, chunk_size=self.chunk_size,
+        initial_state=cache["S"], output_final_state=True)
     out_gate = ACTIVATIONS[self.variant.output_gate](heads(self.out_gate_proj(x)))
-    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1))
+    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), new_cache

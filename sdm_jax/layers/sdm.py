@@ -62,14 +62,37 @@ class SparseDeltaMemory(nnx.Module):
     scores, idx = ops.product_key_topk(s1, s2, k)
     return idx, jax.nn.softmax(scores, axis=-1)
 
+  def init_cache(self, batch, max_len=None):
+    """The decoding cache: the fp32 table "M" [B, H, N, V], starting from the learned m0.
+
+    Its size does not grow with the sequence; max_len is accepted so every mixer has one signature.
+    """
+    del max_len
+    return {"M": jnp.broadcast_to(self.m0[...], (batch, *self.m0.shape))}
+
   def __call__(self, x):
+    return self.prefill(x)[0]
+
+  def prefill(self, x, max_len=None):
+    """x: [B, T, width] with T >= 1 -> (y [B, T, width], the cache after the T tokens)."""
+    return self.extend(x, self.init_cache(x.shape[0], max_len), self.impl)
+
+  def step(self, x_t, cache, position=None):
+    """x_t: [B, width] -> (y_t [B, width], cache). The position matters only to attention."""
+    del position
+    # The scan reference's token update rewrites only the W written rows of the table.
+    y, cache = self.extend(x_t[:, None], cache, "scan")
+    return y[:, 0], cache
+
+  def extend(self, x, cache, impl):
+    """Runs x: [B, T, width] on from the table in cache; returns (y [B, T, width], the new cache)."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, -1)
     k_idx, k_w = self.address(self.write_query_proj(x), self.topk_write)
     q_idx, q_w = self.address(self.read_query_proj(x), self.topk_read)
     v = heads(self.v_proj(x))
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-    o, _ = ops.sparse_delta_rule(self.m0[...], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=self.impl,
-                                 chunk_size=self.chunk_size)
+    o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
+                                     chunk_size=self.chunk_size, output_final_state=True)
     out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))
-    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1))
+    return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), {"M": table}

@@ -1,9 +1,11 @@
-"""The language model: token embedding, a stack of pre-norm blocks named by a pattern string, RMSNorm, head."""
+"""The language model: token embedding, a stack of pre-norm blocks named by a pattern string, RMSNorm, head;
+prefill and step for recurrent decoding, whose recurrent layers keep a cache that does not grow with the sequence."""
 
 import jax.numpy as jnp
 from flax import nnx
 
 from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
+from sdm_jax.models.generate import generate
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -53,4 +55,44 @@ class LanguageModel(nnx.Module):
     x = self.embed(tokens)
     for block in self.blocks:
       x = block(x)
+    return self.logits(x)
+
+  def logits(self, x):
     return self.head(self.final_norm(x)).astype(jnp.float32)
+
+  def init_cache(self, batch, max_len):
+    """The decoding cache before any token: a list of the blocks' caches (dicts of arrays, a pytree).
+
+    max_len bounds the sequence (prompt and generated tokens) that full attention keeps.
+    """
+    return [block.mixer.init_cache(batch, max_len) for block in self.blocks]
+
+  def prefill(self, tokens, *, max_len):
+    """tokens: [B, T1] (T1 may be 0) -> (logits [B, T1, vocab_size], the cache after them).
+
+    The mixers run their chunked (training) paths over the prompt.
+    """
+    B, T1 = tokens.shape
+    if T1 > max_len:
+      raise ValueError(f"max_len: expected at least the prompt length {T1}, got {max_len}")
+    if T1 == 0:
+      return jnp.zeros((B, 0, self.head.out_features), jnp.float32), self.init_cache(B, max_len)
+    x = self.embed(tokens)
+    cache = []
+    for block in self.blocks:
+      x, block_cache = block.prefill(x, max_len)
+      cache.append(block_cache)
+    return self.logits(x), cache
+
+  def step(self, token, cache, position):
+    """token: [B] int at sequence index position (a scalar < max_len) -> (logits [B, vocab_size], cache)."""
+    x = self.embed(token)
+    new_cache = []
+    for block, block_cache in zip(self.blocks, cache):
+      x, block_cache = block.step(x, block_cache, position)
+      new_cache.append(block_cache)
+    return self.logits(x), new_cache
+
+  def generate(self, prompt, max_new_tokens, *, temperature=0.0, top_k=None, seed=0):
+    """prompt: [B, T1] int, T1 >= 1 -> the next tokens [B, max_new_tokens] int32 (see `generate.generate`)."""
+    return generate(self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
