@@ -18,7 +18,7 @@ mkdir -p "$OUT" "$RES"
 run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.txt
   local limit=$1; shift
   echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"
-  timeout "$limit" "$@" 2>&1 | grep -v -i "warning" | tee -a "$OUT/log.txt"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
   tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints .
 }
 steps=${*:-kernels bench sdm train}
