@@ -17,6 +17,7 @@ from sdm_jax import ops
 from sdm_jax.layers.conv import CausalConv
 from sdm_jax.layers.decay import LogDecay
 from sdm_jax.layers.norm import RMSNorm
+from sdm_jax.layers.recurrent import RecurrentMixer
 
 # The channel-wise decays' f is low-rank, width -> 128 -> H * K (the KDA and FG2-GDN papers).
 DECAY_RANK = 128
@@ -40,7 +41,7 @@ VARIANTS = {
 ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
 
 
-class DeltaMixer(nnx.Module):
+class DeltaMixer(RecurrentMixer):
   """A dense delta-rule token mixer: GDN, KDA, FG2-GDN, FG2-GDN+ or GDN-2 (`mixer`).
 
   x: [B, T, width] -> [B, T, width]; H = num_heads, K = head_dim (keys), V = value_dim (values per head).
@@ -82,20 +83,6 @@ class DeltaMixer(nnx.Module):
     return {"q_conv": self.q_conv.init_cache(batch), "k_conv": self.k_conv.init_cache(batch),
             "v_conv": self.v_conv.init_cache(batch),
             "S": jnp.zeros((batch, self.num_heads, self.head_dim, self.value_dim), jnp.float32)}
-
-  def __call__(self, x):
-    return self.prefill(x)[0]
-
-  def prefill(self, x, max_len=None):
-    """x: [B, T, width] with T >= 1 -> (y [B, T, width], the cache after the T tokens)."""
-    return self.extend(x, self.init_cache(x.shape[0], max_len), self.impl)
-
-  def step(self, x_t, cache, position=None):
-    """x_t: [B, width] -> (y_t [B, width], cache). The position matters only to attention."""
-    del position
-    # One token is the recurrence itself, so the scan reference is also the fastest path.
-    y, cache = self.extend(x_t[:, None], cache, "scan")
-    return y[:, 0], cache
 
   def extend(self, x, cache, impl):
     """Runs x: [B, T, width] on from the state in cache; returns (y [B, T, width], the new cache)."""

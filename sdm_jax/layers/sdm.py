@@ -16,12 +16,13 @@ from flax import nnx
 from sdm_jax import ops
 from sdm_jax.layers.decay import LogDecay
 from sdm_jax.layers.norm import RMSNorm
+from sdm_jax.layers.recurrent import RecurrentMixer
 
 # The learned initial table starts near zero so that early reads are mostly what was written.
 M0_STDDEV = 1e-2
 
 
-class SparseDeltaMemory(nnx.Module):
+class SparseDeltaMemory(RecurrentMixer):
   """x: [B, T, width] -> [B, T, width].
 
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
@@ -69,20 +70,6 @@ class SparseDeltaMemory(nnx.Module):
     """
     del max_len
     return {"M": jnp.broadcast_to(self.m0[...], (batch, *self.m0.shape))}
-
-  def __call__(self, x):
-    return self.prefill(x)[0]
-
-  def prefill(self, x, max_len=None):
-    """x: [B, T, width] with T >= 1 -> (y [B, T, width], the cache after the T tokens)."""
-    return self.extend(x, self.init_cache(x.shape[0], max_len), self.impl)
-
-  def step(self, x_t, cache, position=None):
-    """x_t: [B, width] -> (y_t [B, width], cache). The position matters only to attention."""
-    del position
-    # The scan reference's token update rewrites only the W written rows of the table.
-    y, cache = self.extend(x_t[:, None], cache, "scan")
-    return y[:, 0], cache
 
   def extend(self, x, cache, impl):
     """Runs x: [B, T, width] on from the table in cache; returns (y [B, T, width], the new cache)."""
