@@ -116,10 +116,6 @@ def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
   return (_from_chunks(o), final), (final, saved_rows, floats, ints)
 
 
-def _fwd(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
-  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
-
-
 def _bwd(chunk_size, residuals, cotangents):
   final, saved_rows, floats, ints = residuals
   d_o, d_final = cotangents
@@ -139,4 +135,4 @@ def _bwd(chunk_size, residuals, cotangents):
   return d_table, None, d_k_w, d_v, d_g, d_beta, None, d_q_w
 
 
-sparse_delta_chunk.defvjp(_fwd, _bwd)
+sparse_delta_chunk.defvjp(_forward, _bwd)
