@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of kernels bench sdm train (default: all, in that order).
+# steps: any of phases baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -24,6 +24,13 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
 steps=${*:-kernels bench sdm train}
 for step in $steps; do
   case $step in
+    phases)  # where the time of the chunked forward and backward goes
+      run 150 python3 benchmarks/scripts/probe_phases.py 4,4096,16 bfloat16 ;;
+    baseline)  # the pure-JAX chunk impl next to fla, the table the kernels must beat (KDA, then GDN-2)
+      for m in ${BASELINE_MIXERS:-kda gdn2}; do
+        run 280 python3 -m experiments.bench_ops --mixers=$m --impls=chunk --shapes=4x4096 --reps=10 \
+          --out_dir="$RES" --tag=h200_chunk_baseline_$m
+      done ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape
       for m in gdn2 kda gdn; do
         run 150 python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
@@ -34,12 +41,26 @@ for step in $steps; do
         run 200 python3 -m experiments.bench_ops --mixers=gdn2,kda --impls=pallas,chunk --shapes=$shape --reps=10 \
           --out_dir="$RES" --tag=h200_$shape
       done ;;
+    mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
+      for v in ${MQAR_SMALL_VARIANTS:-gdn2 kda}; do
+        run 110 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_small_$v" \
+          --config.model.impl=pallas --config.model.width=256 --config.model.num_heads=4 \
+          --config.data.vocab_size=256 --config.data.seq_len=64 --config.data.num_kv_pairs=8 \
+          --config.data.num_queries=8 --config.data.batch_size=64 --config.train.warmup_steps=200 \
+          --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
+          --config.train.log_every=100
+      done
+      run 30 python3 -m experiments.summarize_runs --workdirs="$(ls -d $RES/mqar_small_*/ | paste -sd,)" \
+        --out="$RES/mqar_small_summary" ;;
     sdm)
-      run 300 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
-    train)  # small MQAR models, pallas impl for the dense mixers
-      for v in gdn2 kda gdn; do
-        run 150 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_$v" \
-          --config.model.impl=pallas --config.train.steps=600 --config.train.checkpoint_every=600
-      done ;;
+      run 160 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
+    train)  # small MQAR models (2 layers, width 256), pallas impl for the dense mixers
+      for v in gdn kda fg2_gdn fg2_gdn_plus gdn2; do
+        run 62 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_$v" \
+          --config.model.impl=pallas --config.model.width=256 --config.model.num_heads=4 \
+          --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500
+      done
+      run 30 python3 -m experiments.summarize_runs --workdirs="$(ls -d $RES/mqar_*/ | paste -sd,)" \
+        --out="$RES/mqar_summary" ;;
   esac
 done

@@ -16,7 +16,7 @@ from absl import app, flags, logging
 import jax
 
 from sdm_jax.evaluation import sdm_bench
-from sdm_jax.evaluation.timing import run_metadata
+from sdm_jax.evaluation.timing import error_text, run_metadata
 
 flags.DEFINE_string("shape", "4x4096", "B x T of the SDM and GDN runs.")
 flags.DEFINE_integer("sdm_heads", 2, "H of the SDM.")
@@ -58,7 +58,7 @@ def main(argv):
     try:
       result = fn(**kw)
     except Exception as error:  # record it and go on with the rest
-      result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+      result = {"error": error_text(error)}
     rows.append({"what": name, **result})
     with open(base + ".json", "w") as f:
       json.dump({**meta, "rows": rows}, f, indent=2)

@@ -14,7 +14,7 @@ import numpy as np
 
 from sdm_jax.evaluation import fla_peer
 from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.evaluation.timing import compile_timed, error_text, median_ms
 
 INPUT_SETS = 3
 PEER = "fla"
@@ -35,11 +35,6 @@ def _record(mixer, impl, B, T, timings=None, error=None, **extra):
     record[f"{part}_ms"] = ms
     record[f"{part}_tokens_per_s"] = B * T / (ms * 1e-3) if ms else None
   return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith("compile")}}
-
-
-def _error_text(error):
-  lines = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def time_impl(fn, arg_sets, readout, impl, chunk_size, reps):
@@ -79,7 +74,7 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
         fn, arg_sets = built[0][0], [args for _, args in built]
         readout, _ = make_readouts(B, T, H, K, V, dtype, seed, state=False)
       except Exception as error:
-        records += [_record(mixer, impl, B, T, error=_error_text(error)) for impl in impls]
+        records += [_record(mixer, impl, B, T, error=error_text(error)) for impl in impls]
         continue
       for impl in impls:
         log(f"{mixer} {impl} {B}x{T}: compiling and timing...")
@@ -88,9 +83,11 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
           ours.append(_record(mixer, impl, B, T, timings))
           o_ref = o if o_ref is None else o_ref
         except Exception as error:
-          ours.append(_record(mixer, impl, B, T, error=_error_text(error)))
+          ours.append(_record(mixer, impl, B, T, error=error_text(error)))
           log(f"  failed: {ours[-1]['error']}")
       records += ours
+      if on_progress is not None:  # before the peer, whose autotuning can outlast a time limit
+        on_progress(records, peer_notes)
       if peer_op is not None:
         log(f"{mixer} {PEER} {B}x{T}: timing...")
         records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours))
@@ -104,7 +101,7 @@ def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours
     host_sets = [{name: np.asarray(x) for name, x in args.items()} for args in arg_sets]
     timings, o = fla_peer.time_peer(peer_op, host_sets, np.asarray(readout), reps)
   except Exception as error:
-    return _record(mixer, PEER, B, T, error=_error_text(error))
+    return _record(mixer, PEER, B, T, error=error_text(error))
   # The peer must compute what we compute, or the ratio means nothing.
   rel = None if o_ref is None else float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref))
   for record in ours:

@@ -32,6 +32,12 @@ def median_ms(fn, arg_sets, reps):
   return 1e3 * statistics.median(times)
 
 
+def error_text(error):
+  """'<type>: <first line, at most 200 characters>': how a failed measurement is recorded."""
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def run_metadata():
   """Date, device and command line of this run, for every file a measuring tool writes."""
   device = jax.devices()[0]

@@ -78,19 +78,20 @@ def _decayed_grams(q, e, u, spans, sub):
   return off(eb) + place(diag_t), off(qb) + place(diag_qk)
 
 
-def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size):
-  """Same contract as `delta_rule_scan`; the result does not depend on `chunk_size`.
+def chunk_intra(q, u, e, z, g, scale, chunk_size):
+  """Everything of the chunked form that is parallel over chunks.
 
-  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V].
+  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]. Returns the per-chunk tensors the state pass consumes,
+  each [B, H, N, C, D] (N = ceil(T / C); padded tokens have g = 0 and write nothing):
+    Y = A (e * exp(G)), U = A z, W = u * exp(G_C - G), q_decayed = scale * q * exp(G),
+    A_qk [B, H, N, C, C], decay_last = exp(G_C) [B, H, N, K, 1].
   """
   B, T, H, K = q.shape
-  V = z.shape[-1]
   C = chunk_size
   N = -(-T // C)
   sub = min(SUB_CHUNK, C)
-  n = C // sub
 
-  def to_chunks(x):  # [B, T, H, D] -> [B, H, N, C, D]; padded tokens have g = 0 and write nothing
+  def to_chunks(x):  # [B, T, H, D] -> [B, H, N, C, D]
     x = jnp.pad(x, ((0, 0), (0, N * C - T), (0, 0), (0, 0)))
     return x.reshape(B, N, C, H, -1).transpose(0, 3, 1, 2, 4)
 
@@ -105,19 +106,28 @@ def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size):
   eye = jnp.eye(C, dtype=q.dtype)
   rhs = jnp.concatenate([e * jnp.exp(from_start), z], axis=-1)
   sol = jax.lax.linalg.triangular_solve(eye + T_mat, rhs, left_side=True, lower=True, unit_diagonal=True)
-  Y, U = sol[..., :K], sol[..., K:]
-  W = u * jnp.exp(to_end)
-  q_decayed = q * jnp.exp(from_start)
-  decay_last = jnp.exp(spans["total"])[..., :, None]  # [B, H, N, K, 1]
+  return {"Y": sol[..., :K], "U": sol[..., K:], "W": u * jnp.exp(to_end), "q_decayed": q * jnp.exp(from_start),
+          "A_qk": A_qk, "decay_last": jnp.exp(spans["total"])[..., :, None]}
 
-  def step(state, xs):
-    Y, U, W, q_decayed, A_qk, decay_last = xs
-    R = U - _einsum("bhck,bhkv->bhcv", Y, state)
-    o = _einsum("bhck,bhkv->bhcv", q_decayed, state) + _einsum("bhcs,bhsv->bhcv", A_qk, R)
-    state = decay_last * state + _einsum("bhck,bhcv->bhkv", W, R)
-    return state, o
 
-  xs = [jnp.moveaxis(x, 2, 0) for x in (Y, U, W, q_decayed, A_qk, decay_last)]
-  final_state, o = jax.lax.scan(step, initial_state, xs)  # o: [N, B, H, C, V]
-  o = o.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
-  return o, final_state
+def chunk_step(state, chunk):
+  """One chunk of the state pass: (state entering, chunk tensors without the N axis) -> (state leaving, o)."""
+  R = chunk["U"] - _einsum("bhck,bhkv->bhcv", chunk["Y"], state)
+  o = _einsum("bhck,bhkv->bhcv", chunk["q_decayed"], state) + _einsum("bhcs,bhsv->bhcv", chunk["A_qk"], R)
+  return chunk["decay_last"] * state + _einsum("bhck,bhcv->bhkv", chunk["W"], R), o
+
+
+def from_chunks(o, T):
+  """[B, H, N, C, V] -> [B, T, H, V]."""
+  B, H, N, C, V = o.shape
+  return o.transpose(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
+
+
+def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size):
+  """Same contract as `delta_rule_scan`; the result does not depend on `chunk_size`.
+
+  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V].
+  """
+  chunks = chunk_intra(q, u, e, z, g, scale, chunk_size)
+  final_state, o = jax.lax.scan(chunk_step, initial_state, jax.tree.map(lambda x: jnp.moveaxis(x, 2, 0), chunks))
+  return from_chunks(jnp.moveaxis(o, 0, 2), q.shape[1]), final_state

@@ -9,7 +9,8 @@ come from index equality, so nothing of size N is formed except the table itself
 
 The backward keeps the rows each chunk overwrote (C x W x V per chunk, T x W x V in all), walks
 the chunks in reverse, undoes each chunk's writes to recover its starting table and
-differentiates that one chunk; its memory does not grow with T x N.
+differentiates that one chunk on its touched rows only: the table cotangent is updated in place
+at those rows, so neither its memory nor its work grows with T x N.
 """
 
 import functools
@@ -24,18 +25,24 @@ def _einsum(spec, *xs):
   return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
-def chunk_step(table, k_idx, k_w, v, g, beta, q_idx, q_w):
-  """One chunk for one (batch, head).
+def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
+  """One chunk for one (batch, head), on the table rows it touches.
 
-  table [N, V]; k_idx, k_w [C, W]; v [C, V]; g, beta [C]; q_idx, q_w [C, R].
-  Returns (table at the chunk end, o [C, V]).
+  rows_k [C, W, V], rows_q [C, R, V]: the chunk-start rows at k_idx, q_idx; k_idx, k_w [C, W];
+  v [C, V]; g, beta [C]; q_idx, q_w [C, R].
+  Returns (kept [C, W, V], written [C, W, V], o [C, V]): at the chunk end, slot k_idx[t, w] holds
+  kept[t, w] (the same for every entry of that slot) plus the sum of written over its entries.
   """
   C = g.shape[0]
-  dt = table.dtype
+  dt = rows_k.dtype
   j = jnp.arange(C)
-  # hit[t, w, j]: token j wrote the slot of write entry (t, w); hit_q likewise for read entries.
-  hit = jnp.any(k_idx[:, :, None, None] == k_idx[None, None, :, :], axis=-1)
-  hit_q = jnp.any(q_idx[:, :, None, None] == k_idx[None, None, :, :], axis=-1)
+  # same[t, w, s, x]: write entries (t, w) and (s, x) share a slot; hit[t, w, s]: token s wrote
+  # the slot of (t, w); weight[t, w, s]: token s's summed write weight on that slot.
+  same = k_idx[:, :, None, None] == k_idx[None, None, :, :]
+  same_q = q_idx[:, :, None, None] == k_idx[None, None, :, :]
+  hit, hit_q = jnp.any(same, axis=-1), jnp.any(same_q, axis=-1)
+  weight = _einsum("twsx,sx->tws", same.astype(dt), k_w)
+  weight_q = _einsum("trsx,sx->trs", same_q.astype(dt), k_w)
   gh, gh_q = hit * g, hit_q * g  # [C, W or R, C]: the decay token j applies to that slot
 
   def span(gh, lo, hi):  # sum_j gh[t, w, j] over lo[t, s] < j <= hi[t, s] -> [C, W, C]
@@ -43,39 +50,47 @@ def chunk_step(table, k_idx, k_w, v, g, beta, q_idx, q_w):
     return _einsum("twj,tsj->tws", gh, mask.astype(dt))
 
   t_, s_ = jnp.meshgrid(j, j, indexing="ij")
-  between = span(gh, s_, t_)  # decay of slot (t, w) from token s to t
-  between_q = span(gh_q, s_, t_)
   from_start = jnp.sum(jnp.where(j[None, None, :] <= j[:, None, None], gh, 0.0), axis=-1)  # [C, W]
   from_start_q = jnp.sum(jnp.where(j[None, None, :] <= j[:, None, None], gh_q, 0.0), axis=-1)
   to_end = jnp.sum(jnp.where(j[None, None, :] > j[:, None, None], gh, 0.0), axis=-1)
   total = jnp.sum(gh, axis=-1)
 
-  same = k_idx[:, :, None, None] == k_idx[None, None, :, :]  # [t, w, s, w']
   strict = (t_ > s_)[:, None, :]
-  decay = jnp.where(strict, jnp.exp(jnp.where(strict, between, 0.0)), 0.0)  # [t, w, s]
-  A = _einsum("tw,sx,twsx,tws->ts", k_w, k_w, same.astype(dt), decay)
-  same_q = q_idx[:, :, None, None] == k_idx[None, None, :, :]
+  decay = jnp.where(strict, jnp.exp(jnp.where(strict, span(gh, s_, t_), 0.0)), 0.0)  # [t, w, s]
+  A = _einsum("tw,tws,tws->ts", k_w, weight, decay)
   causal = (t_ >= s_)[:, None, :]
-  decay_q = jnp.where(causal, jnp.exp(jnp.where(causal, between_q, 0.0)), 0.0)
-  A_qk = _einsum("tr,sx,trsx,trs->ts", q_w, k_w, same_q.astype(dt), decay_q)
+  decay_q = jnp.where(causal, jnp.exp(jnp.where(causal, span(gh_q, s_, t_), 0.0)), 0.0)
+  A_qk = _einsum("tr,trs,trs->ts", q_w, weight_q, decay_q)
 
-  rows = table[k_idx]  # [C, W, V] chunk-start rows
-  r0 = _einsum("tw,twv->tv", k_w * jnp.exp(from_start), rows)
+  r0 = _einsum("tw,twv->tv", k_w * jnp.exp(from_start), rows_k)
   eye = jnp.eye(C, dtype=dt)
   delta = jax.lax.linalg.triangular_solve(eye + beta[:, None] * A, beta[:, None] * (v - r0), left_side=True,
                                           lower=True, unit_diagonal=True)  # d_t = beta_t (v_t - r_t)
-  o = _einsum("tr,trv->tv", q_w * jnp.exp(from_start_q), table[q_idx]) + _einsum("ts,sv->tv", A_qk, delta)
+  o = _einsum("tr,trv->tv", q_w * jnp.exp(from_start_q), rows_q) + _einsum("ts,sv->tv", A_qk, delta)
+  # Each touched slot decays once over the chunk (its entries agree), then every write adds.
+  kept = jnp.exp(total)[..., None] * rows_k
+  written = (k_w * jnp.exp(to_end))[..., None] * delta[:, None, :]
+  return kept, written, o
 
-  # Decay each touched slot once (duplicates write the same value), then add every write.
-  table = table.at[k_idx].set(jnp.exp(total)[..., None] * rows)
-  table = table.at[k_idx].add((k_w * jnp.exp(to_end))[..., None] * delta[:, None, :])
-  return table, o
 
-
-def _batched_step(table, floats, ints):
+def _rows_step(rows_k, rows_q, floats, ints):
   k_w, v, g, beta, q_w = floats
   k_idx, q_idx = ints
-  return jax.vmap(jax.vmap(chunk_step))(table, k_idx, k_w, v, g, beta, q_idx, q_w)  # over B, H
+  return jax.vmap(jax.vmap(chunk_rows))(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w)  # over B, H
+
+
+# Per (batch, head) row gathers and in-place row updates of the [B, H, N, V] table.
+_gather = jax.vmap(jax.vmap(lambda m, i: m[i]))
+_set = jax.vmap(jax.vmap(lambda m, i, r: m.at[i].set(r)))
+_add = jax.vmap(jax.vmap(lambda m, i, r: m.at[i].add(r)))
+
+
+def _read_before_write(rows, table):
+  """Orders a gather from the table before the table's in-place row updates.
+
+  Without it XLA may not prove the order and copies the whole [B, H, N, V] table every chunk.
+  """
+  return jax.lax.optimization_barrier((rows, table))
 
 
 def _to_chunks(x, C):  # [B, T, H, ...] -> [N, B, H, C, ...] (T a multiple of C)
@@ -104,29 +119,42 @@ def sparse_delta_chunk(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
 
 def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
   floats, ints = _split(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
-  gather = jax.vmap(jax.vmap(lambda m, i: m[i]))
 
   def step(table, xs):
     floats, ints = xs
-    rows = gather(table, ints[0])  # the rows this chunk overwrites, kept for the backward
-    table, o = _batched_step(table, floats, ints)
-    return table, (o, rows)
+    rows_k = _gather(table, ints[0])  # the rows this chunk overwrites, kept for the backward
+    rows_q, table = _read_before_write(_gather(table, ints[1]), table)
+    kept, written, o = _rows_step(rows_k, rows_q, floats, ints)
+    return _add(_set(table, ints[0], kept), ints[0], written), (o, rows_k)
 
   final, (o, saved_rows) = jax.lax.scan(step, table, (floats, ints))
   return (_from_chunks(o), final), (final, saved_rows, floats, ints)
 
 
+def _multiplicity(k_idx):
+  """[..., C, W] -> how many entries of the chunk write each entry's slot (>= 1)."""
+  flat = k_idx.reshape(*k_idx.shape[:-2], -1)
+  counts = jnp.sum(flat[..., :, None] == flat[..., None, :], axis=-1)
+  return counts.reshape(k_idx.shape)
+
+
 def _bwd(chunk_size, residuals, cotangents):
+  """Walks the chunks in reverse; the table cotangent changes only at the rows a chunk touches."""
   final, saved_rows, floats, ints = residuals
   d_o, d_final = cotangents
-  restore = jax.vmap(jax.vmap(lambda m, i, r: m.at[i].set(r)))
 
   def step(carry, inputs):
-    table_end, d_table = carry
-    floats, ints, rows, d_o = inputs
-    table_start = restore(table_end, ints[0], rows)  # undo this chunk's writes exactly
-    _, vjp = jax.vjp(lambda t, f: _batched_step(t, f, ints), table_start, floats)
-    d_start, d_floats = vjp((d_table, d_o))
+    table_end, d_end = carry
+    floats, ints, rows_k, d_o = inputs
+    k_idx, q_idx = ints
+    table_start = _set(table_end, k_idx, rows_k)  # undo this chunk's writes exactly
+    rows_q, table_start = _read_before_write(_gather(table_start, q_idx), table_start)
+    _, vjp = jax.vjp(lambda rk, rq, f: _rows_step(rk, rq, f, ints), rows_k, rows_q, floats)
+    d_slot, d_end = _read_before_write(_gather(d_end, k_idx), d_end)
+    # Every entry of a slot sets the same kept value: the slot's cotangent is shared among them.
+    d_kept = d_slot / _multiplicity(k_idx)[..., None].astype(d_slot.dtype)
+    d_rows_k, d_rows_q, d_floats = vjp((d_kept, d_slot, d_o))
+    d_start = _add(_add(_set(d_end, k_idx, jnp.zeros_like(d_slot)), k_idx, d_rows_k), q_idx, d_rows_q)
     return (table_start, d_start), d_floats
 
   xs = (floats, ints, saved_rows, _to_chunks(d_o, chunk_size))

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import time
 
 import jax
 import numpy as np
@@ -77,13 +78,17 @@ def train(config, workdir, *, resume=True, stop_after=None, log=print):
     record = {"split": "train", "step": step, **{k: float(v) for k, v in metrics.items()}}
     if step % train_cfg.log_every == 0 or step == last:
       log(progress.line(step, record, tokens_per_step * train_cfg.log_every))
+      if progress.tokens_per_s is not None:
+        record["tokens_per_s"] = progress.tokens_per_s
       metrics_log.write(record)
+    pause = time.perf_counter()
     if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
       result = evaluate(model, config, mesh)
       metrics_log.write({"split": "eval", "step": step, **result})
       log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
     if step % train_cfg.checkpoint_every == 0 or step == last:
       checkpoints.save(step, model, optimizer, iterator.get_state(), config)
+    progress.exclude(time.perf_counter() - pause)
 
   checkpoints.close()
   plot_metrics(metrics_log.read(), workdir / "metrics.png")

@@ -23,11 +23,17 @@ class MetricsLog:
 
 
 class Progress:
-  """Tokens/s and ETA from wall time since the first logged step of this process."""
+  """Training tokens/s and ETA from wall time since the first logged step of this process, pauses left out."""
 
   def __init__(self, start_step, total_steps):
     self.start_step, self.total_steps = start_step, total_steps
     self.start_time, self.tokens = None, 0.0
+    self.tokens_per_s = None  # since the end of the first logged step: compilation left out
+
+  def exclude(self, seconds):
+    """Leaves `seconds` of wall time (evaluation, checkpointing) out of tokens/s and the ETA's rate."""
+    if self.start_time is not None:
+      self.start_time += seconds
 
   def line(self, step, metrics, tokens):
     now = time.perf_counter()
@@ -37,6 +43,7 @@ class Progress:
     self.tokens += tokens
     elapsed = now - self.start_time
     rate = self.tokens / max(elapsed, 1e-9)
+    self.tokens_per_s = rate
     steps_per_s = (step - self.first_step) / max(elapsed, 1e-9)
     eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
     return (f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.3f} "
@@ -65,3 +72,24 @@ def plot_metrics(records, path):
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+def summarize_run(workdir):
+  """One row for a run directory: its model, final and best evaluation, and training tokens/s."""
+  workdir = pathlib.Path(workdir)
+  if not (workdir / "metrics.jsonl").exists():
+    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
+  model = json.loads((workdir / "config.json").read_text())["model"]
+  records = MetricsLog(workdir).read()
+  evals = [r for r in records if r["split"] == "eval"]
+  rates = [r["tokens_per_s"] for r in records if r["split"] == "train" and "tokens_per_s" in r]
+  return {
+      "run": workdir.name, "pattern": model["pattern"], "mixer": model["mixer"], "impl": model["impl"],
+      "width": model["width"], "layers": model["num_layers"],
+      "steps": max((r["step"] for r in records), default=0),
+      "eval_accuracy": evals[-1]["accuracy"] if evals else None,
+      "best_eval_accuracy": max((r["accuracy"] for r in evals), default=None),
+      "eval_loss": evals[-1]["loss"] if evals else None,
+      "train_tokens_per_s": rates[-1] if rates else None,
+      "eval_curve": [(r["step"], r["accuracy"]) for r in evals],
+  }

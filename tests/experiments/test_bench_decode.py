@@ -1,0 +1,98 @@
+"""The decode benchmark (sdm_jax/evaluation/decode_bench.py behind experiments/bench_decode.py) on tiny CPU models."""
+
+import json
+import math
+
+import pytest
+
+from experiments import bench_decode
+from sdm_jax.evaluation import decode_bench
+from sdm_jax.evaluation.decode_bench import ATTENTION, run_sweep
+
+SIZES = {"vocab_size": 32, "width": 16, "num_layers": 4, "num_heads": 2, "head_dim": 8}
+# A 4-slot window below both contexts, so the SDM hybrid's cache is full-sized at each.
+OVERRIDES = ["window=4", "sdm_num_slots=16", "sdm_topk_write=2", "sdm_topk_read=2", "sdm_value_dim=8",
+             "sdm_key_dim=4"]
+CONTEXTS, STEPS = (8, 24), 2
+
+
+def quiet(line):
+  del line
+
+
+@pytest.fixture(scope="module")
+def records():
+  configs = bench_decode.model_configs(["gdn2", "sdm", ATTENTION], **SIZES, overrides=OVERRIDES)
+  return run_sweep(configs, [1, 2], CONTEXTS, steps=STEPS, reps=1, log=quiet)
+
+
+def points(records, variant):
+  return {(r["batch"], r["context"]): r for r in records if r["variant"] == variant}
+
+
+def test_every_point_is_timed(records):
+  assert len(records) == 3 * 2 * len(CONTEXTS)
+  for r in records:
+    assert r["error"] is None, r
+    assert math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0
+    assert r["tokens_per_s"] == pytest.approx(r["batch"] / (r["ms_per_step"] * 1e-3))
+    attention_ms = points(records, ATTENTION)[r["batch"], r["context"]]["ms_per_step"]
+    assert r["vs_attention"] == pytest.approx(attention_ms / r["ms_per_step"])
+  assert {r["pattern"] for r in records} == {"DDDD", "SSSM", "AAAA"}
+
+
+def test_attention_memory_grows_with_context_and_a_recurrent_one_does_not(records):
+  for (batch, context), r in points(records, ATTENTION).items():
+    # k and v of every layer: [context, H, head_dim] fp32 per sequence.
+    assert r["cache_bytes_per_seq"] == SIZES["num_layers"] * 2 * context * SIZES["num_heads"] * SIZES["head_dim"] * 4
+  for variant in ("gdn2", "sdm"):
+    assert len({r["cache_bytes_per_seq"] for r in points(records, variant).values()}) == 1, variant
+
+
+def test_a_recurrent_model_compiles_once_per_batch_size_and_attention_once_per_context(records):
+  for variant, compiles_per_batch in (("gdn2", 1), ("sdm", 1), (ATTENTION, len(CONTEXTS))):
+    compiled = [r for r in points(records, variant).values() if r["compile_s"] is not None]
+    assert len(compiled) == 2 * compiles_per_batch, variant
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
+  def out_of_memory(*args):
+    raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+  monkeypatch.setattr(decode_bench, "compile_decode", out_of_memory)
+  configs = bench_decode.model_configs(["gdn"], **SIZES)
+  failed = run_sweep(configs, [1], CONTEXTS, steps=STEPS, reps=1, log=quiet)
+  assert len(failed) == len(CONTEXTS)
+  for r in failed:
+    assert r["error"].startswith("MemoryError: RESOURCE_EXHAUSTED") and r["ms_per_step"] is None
+    assert r["cache_bytes_per_seq"] > 0
+
+
+def test_bad_inputs_raise_naming_what_is_allowed():
+  with pytest.raises(ValueError, match=r"expected some of .*'gdn2'.*'sdm'.*'attention'.*got \['gdn3'\]"):
+    bench_decode.model_configs(["gdn3"], **SIZES)
+  with pytest.raises(ValueError, match="'SSSM' needs at least 4 layers, got 2"):
+    bench_decode.model_configs(["sdm"], **{**SIZES, "num_layers": 2})
+  with pytest.raises(ValueError, match="field of .*'window'"):
+    bench_decode.model_configs(["gdn"], **SIZES, overrides=["windw=4"])
+  with pytest.raises(ValueError, match="contexts"):
+    run_sweep({}, [1], [0])
+
+
+def test_the_script_writes_json_markdown_and_plot(tmp_path, capsys):
+  argv = ["bench_decode", "--variants=gdn,attention", "--batches=1", "--contexts=8,16", "--steps=2", "--reps=1",
+          "--width=16", "--heads=2", "--head_dim=8", f"--out_dir={tmp_path}", "--tag=tiny"]
+  bench_decode.FLAGS(argv)
+  try:
+    bench_decode.main([])
+  finally:
+    bench_decode.FLAGS.unparse_flags()
+  (json_path,) = tmp_path.glob("*_tiny.json")
+  with open(json_path) as f:
+    saved = json.load(f)
+  assert {"date", "device", "command", "config", "model_configs", "results"} <= set(saved)
+  assert [(r["variant"], r["context"]) for r in saved["results"]] == [("gdn", 8), ("gdn", 16), (ATTENTION, 8),
+                                                                       (ATTENTION, 16)]
+  markdown = json_path.with_suffix(".md").read_text()
+  assert "| gdn | DDDD | 1 | 8 |" in markdown and "| attention | AAAA | 1 | 16 |" in markdown
+  assert json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert capsys.readouterr().out.rstrip().endswith(markdown.rstrip().splitlines()[-1])
