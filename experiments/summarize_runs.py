@@ -13,7 +13,7 @@ from absl import app, flags
 
 from sdm_jax.training.metrics import summarize_run
 
-flags.DEFINE_list("workdirs", None, "Run directories written by experiments.train.", required=True)
+flags.DEFINE_list("workdirs", None, "Run directories written by experiments.train (required).")
 flags.DEFINE_string("out", None, "Path prefix of the .md and .png written (default: print only).")
 FLAGS = flags.FLAGS
 
@@ -47,6 +47,8 @@ def plot_curves(rows, path):
 
 def main(argv):
   del argv
+  if not FLAGS.workdirs:  # checked here, not as a required flag: tests import several tools' flags at once
+    raise app.UsageError("--workdirs: expected one or more run directories")
   rows = [summarize_run(workdir) for workdir in FLAGS.workdirs]
   table = format_table(rows)
   if FLAGS.out:

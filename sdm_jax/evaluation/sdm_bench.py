@@ -38,13 +38,13 @@ def time_sdm(B, T, H, N, V, W, R, *, chunk_size=16, reps=10, seed=0):
   def forward(floats, ints):
     return sparse_delta_rule(**floats, **ints, chunk_size=chunk_size)[0]
 
-  def loss(floats, ints):
+  def loss(floats, ints, r_o):  # r_o an argument: closed over, XLA would fold it into the program
     return jnp.sum(forward(floats, ints).astype(jnp.float32) * r_o)
 
   fwd, compile_fwd_s = compile_timed(forward, *sets[0])
-  step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0])
+  step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0], r_o)
   return {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
-          "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, sets, reps)}
+          "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps)}
 
 
 def time_dense(mixer, B, T, H, K, V, *, impl="chunk", chunk_size=64, reps=10, seed=0):
