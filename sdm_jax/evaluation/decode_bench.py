@@ -24,16 +24,14 @@ cache. A recurrent model's cache shapes do not depend on the context and the pos
 one compiled decode serves every context of a batch size; full attention compiles per (batch, context).
 """
 
-import json
 import math
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.evaluation.timing import error_text, median_ms
+from sdm_jax.evaluation.timing import error_text, median_ms, write_tables
 from sdm_jax.models import LanguageModel, layer_letters
 
 # The name of the full-attention model in a sweep: the peer every other model is compared with.
@@ -210,27 +208,19 @@ def write_report(records, meta, out_dir, tag, *, plot=True):
 
   A plot takes most of a second, too long to redraw after every short point.
   """
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
-  paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
-  with open(paths["json"], "w") as f:
-    json.dump({**meta, "results": records}, f, indent=2)
-  header = [f"# Decode throughput: {tag}", ""]
-  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "command")]
-  header += [f"- config: `{json.dumps(meta['config'])}`"]
+  notes = []
   if meta.get("model_configs"):
     first = next(iter(meta["model_configs"].values()))
-    header += ["- every model: " + ", ".join(f"{field}={first[field]}" for field in SHOWN_FIELDS)]
-  header += [
+    notes += ["- every model: " + ", ".join(f"{field}={first[field]}" for field in SHOWN_FIELDS)]
+  notes += [
              "- method: greedy decoding of `steps` tokens in one jitted lax.scan of model.step, median of `reps` "
              "synchronised runs after a warm-up, from a cache init_cache(B, context + steps) entered at "
              "position = context (a step costs the same whatever the cache holds; full attention scores every "
              "slot of its buffer and masks the unwritten ones)",
              "- tokens/s = B * steps / time; vs attention = attention ms/step / ours at the same B and context "
              "(above 1: faster); cache MiB/seq = bytes of init_cache(B, context) / B; device peak = running peak "
-             "of the process's device memory (JAX cannot reset it)", ""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(header) + "\n" + format_table(records) + "\n")
+             "of the process's device memory (JAX cannot reset it)"]
+  paths = write_tables(records, meta, out_dir, tag, "Decode throughput", notes, format_table(records))
   if plot:
     plot_decode(records, paths["png"])
   return paths

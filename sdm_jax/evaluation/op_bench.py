@@ -6,15 +6,13 @@ between 3 input sets. A config that fails (OOM, an impl not built) is recorded w
 and the sweep goes on.
 """
 
-import json
-import os
 
 import jax
 import numpy as np
 
 from sdm_jax.evaluation import fla_peer
 from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, error_text, median_ms
+from sdm_jax.evaluation.timing import compile_timed, error_text, median_ms, write_tables
 
 INPUT_SETS = 3
 PEER = "fla"
@@ -160,17 +158,8 @@ def plot_throughput(records, path):
 
 def write_report(records, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md,png}; returns their paths."""
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
-  paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
-  with open(paths["json"], "w") as f:
-    json.dump({**meta, "results": records}, f, indent=2)
-  header = [f"# Op throughput: {tag}", ""]
-  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "command")]
-  header += [f"- config: `{json.dumps(meta['config'])}`"]
-  header += [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
-  header += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time", ""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(header) + "\n" + format_table(records) + "\n")
+  notes = [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
+  notes += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time"]
+  paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, format_table(records))
   plot_throughput(records, paths["png"])
   return paths

@@ -1,6 +1,8 @@
 """Timing jitted functions on the device, and recording where and how a measurement was made."""
 
 import datetime
+import json
+import os
 import statistics
 import sys
 import time
@@ -54,3 +56,22 @@ def _module_name():
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
   return spec.name if spec is not None else sys.argv[0]
+
+
+def write_tables(records, meta, out_dir, tag, title, notes, table):
+  """Writes <out_dir>/<date>_<tag>.json ({**meta, "results": records}) and .md (title, the run's date,
+  device, jax version, command and config, `notes` lines, then `table`).
+
+  Returns {"json", "md", "png"}: the paths of the report, the plot's for the caller to draw.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
+  paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
+  with open(paths["json"], "w") as f:
+    json.dump({**meta, "results": records}, f, indent=2)
+  header = [f"# {title}: {tag}", ""]
+  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "command")]
+  header += [f"- config: `{json.dumps(meta['config'])}`"] + list(notes) + [""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(header) + "\n" + table + "\n")
+  return paths
