@@ -30,8 +30,9 @@ def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
 
   rows_k [C, W, V], rows_q [C, R, V]: the chunk-start rows at k_idx, q_idx; k_idx, k_w [C, W];
   v [C, V]; g, beta [C]; q_idx, q_w [C, R].
-  Returns (kept [C, W, V], written [C, W, V], o [C, V]): at the chunk end, slot k_idx[t, w] holds
-  kept[t, w] (the same for every entry of that slot) plus the sum of written over its entries.
+  Returns ((kept [C, W, V], written [C, W, V], o [C, V]), multiplicity [C, W]): at the chunk end,
+  slot k_idx[t, w] holds kept[t, w] (the same for every entry of that slot) plus the sum of written
+  over its entries; multiplicity[t, w] counts those entries (>= 1).
   """
   C = g.shape[0]
   dt = rows_k.dtype
@@ -70,7 +71,7 @@ def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
   # Each touched slot decays once over the chunk (its entries agree), then every write adds.
   kept = jnp.exp(total)[..., None] * rows_k
   written = (k_w * jnp.exp(to_end))[..., None] * delta[:, None, :]
-  return kept, written, o
+  return (kept, written, o), jnp.sum(same, axis=(2, 3))
 
 
 def _rows_step(rows_k, rows_q, floats, ints):
@@ -124,18 +125,11 @@ def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
     floats, ints = xs
     rows_k = _gather(table, ints[0])  # the rows this chunk overwrites, kept for the backward
     rows_q, table = _read_before_write(_gather(table, ints[1]), table)
-    kept, written, o = _rows_step(rows_k, rows_q, floats, ints)
+    (kept, written, o), _ = _rows_step(rows_k, rows_q, floats, ints)
     return _add(_set(table, ints[0], kept), ints[0], written), (o, rows_k)
 
   final, (o, saved_rows) = jax.lax.scan(step, table, (floats, ints))
   return (_from_chunks(o), final), (final, saved_rows, floats, ints)
-
-
-def _multiplicity(k_idx):
-  """[..., C, W] -> how many entries of the chunk write each entry's slot (>= 1)."""
-  flat = k_idx.reshape(*k_idx.shape[:-2], -1)
-  counts = jnp.sum(flat[..., :, None] == flat[..., None, :], axis=-1)
-  return counts.reshape(k_idx.shape)
 
 
 def _bwd(chunk_size, residuals, cotangents):
@@ -149,10 +143,11 @@ def _bwd(chunk_size, residuals, cotangents):
     k_idx, q_idx = ints
     table_start = _set(table_end, k_idx, rows_k)  # undo this chunk's writes exactly
     rows_q, table_start = _read_before_write(_gather(table_start, q_idx), table_start)
-    _, vjp = jax.vjp(lambda rk, rq, f: _rows_step(rk, rq, f, ints), rows_k, rows_q, floats)
+    _, vjp, multiplicity = jax.vjp(lambda rk, rq, f: _rows_step(rk, rq, f, ints), rows_k, rows_q, floats,
+                                   has_aux=True)
     d_slot, d_end = _read_before_write(_gather(d_end, k_idx), d_end)
     # Every entry of a slot sets the same kept value: the slot's cotangent is shared among them.
-    d_kept = d_slot / _multiplicity(k_idx)[..., None].astype(d_slot.dtype)
+    d_kept = d_slot / multiplicity[..., None].astype(d_slot.dtype)
     d_rows_k, d_rows_q, d_floats = vjp((d_kept, d_slot, d_o))
     d_start = _add(_add(_set(d_end, k_idx, jnp.zeros_like(d_slot)), k_idx, d_rows_k), q_idx, d_rows_q)
     return (table_start, d_start), d_floats
