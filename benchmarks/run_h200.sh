@@ -21,6 +21,15 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
   timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
   tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints .
 }
+mqar_runs() {  # mqar_runs NAME LIMIT "VARIANTS" OVERRIDES...: pallas MQAR runs (2 layers, width 256), then a summary
+  local name=$1 limit=$2 variants=$3 workdirs=(); shift 3
+  for v in $variants; do
+    workdirs+=("$RES/${name}_$v")
+    run "$limit" python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/${name}_$v" \
+      --config.model.impl=pallas --config.model.width=256 --config.model.num_heads=4 "$@"
+  done
+  run 30 python3 -m experiments.summarize_runs --workdirs="$(IFS=,; echo "${workdirs[*]}")" --out="$RES/${name}_summary"
+}
 steps=${*:-kernels bench sdm train}
 for step in $steps; do
   case $step in
@@ -42,25 +51,15 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_$shape
       done ;;
     mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
-      for v in ${MQAR_SMALL_VARIANTS:-gdn2 kda}; do
-        run 110 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_small_$v" \
-          --config.model.impl=pallas --config.model.width=256 --config.model.num_heads=4 \
-          --config.data.vocab_size=256 --config.data.seq_len=64 --config.data.num_kv_pairs=8 \
-          --config.data.num_queries=8 --config.data.batch_size=64 --config.train.warmup_steps=200 \
-          --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
-          --config.train.log_every=100
-      done
-      run 30 python3 -m experiments.summarize_runs --workdirs="$(ls -d $RES/mqar_small_*/ | paste -sd,)" \
-        --out="$RES/mqar_small_summary" ;;
+      mqar_runs mqar_small 110 "${MQAR_SMALL_VARIANTS:-gdn2 kda}" \
+        --config.data.vocab_size=256 --config.data.seq_len=64 --config.data.num_kv_pairs=8 \
+        --config.data.num_queries=8 --config.data.batch_size=64 --config.train.warmup_steps=200 \
+        --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
+        --config.train.log_every=100 ;;
     sdm)
       run 160 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
-    train)  # small MQAR models (2 layers, width 256), pallas impl for the dense mixers
-      for v in gdn kda fg2_gdn fg2_gdn_plus gdn2; do
-        run 62 python3 -m experiments.train --config=experiments/configs/mqar.py:$v --workdir="$RES/mqar_$v" \
-          --config.model.impl=pallas --config.model.width=256 --config.model.num_heads=4 \
-          --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500
-      done
-      run 30 python3 -m experiments.summarize_runs --workdirs="$(ls -d $RES/mqar_*/ | paste -sd,)" \
-        --out="$RES/mqar_summary" ;;
+    train)  # the default MQAR, every dense mixer
+      mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
+        --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;
   esac
 done
