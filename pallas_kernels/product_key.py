@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.delta_rule_fwd import F32_DOT
+from pallas_kernels.chunk_math import F32_DOT
 
 
 @functools.lru_cache(maxsize=None)

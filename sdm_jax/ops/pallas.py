@@ -1,8 +1,8 @@
 """impl="pallas": the generalized rule on the Pallas kernels (interpret mode off the GPU).
 
-The forward runs `pallas_kernels.delta_rule_fwd`. The backward is, for now, reverse-mode autodiff
-of the pure-JAX chunked form on the saved inputs (recomputed, fp32); Pallas backward kernels
-replace it in the kernels issue.
+Forward: `pallas_kernels.delta_rule_fwd` (intra_chunk, then state_pass). Backward, in a custom_vjp:
+`pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
+saved: the padded inputs, Y, U, A_qk, the fp32 inverse A and the fp32 state entering every chunk.
 """
 
 import functools
@@ -10,8 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.delta_rule_fwd import delta_rule_fwd
-from sdm_jax.ops.chunk import delta_rule_chunk
+from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
+from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
 
 PALLAS_CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -20,34 +20,58 @@ def _next_pow2(n, floor=16):
   return max(floor, 1 << (n - 1).bit_length())
 
 
-def _padded_fwd(q, u, e, z, g, state, scale, chunk_size):
+def _padding(T, K, V, chunk_size):
+  """Padded (T, K, V): T to whole chunks, K and V to powers of two >= 16. Padded tokens have g = 0
+  and zero keys, padded channels zero keys and values: they change nothing."""
+  return -(-T // chunk_size) * chunk_size, _next_pow2(K), _next_pow2(V)
+
+
+def _pad(x, T, d):
+  return jnp.pad(x, ((0, 0), (0, T - x.shape[1]), (0, 0), (0, d - x.shape[-1])))
+
+
+def _pad_state(s, K, V):
+  return jnp.pad(s, ((0, 0), (0, 0), (0, K - s.shape[2]), (0, V - s.shape[3])))
+
+
+def _interpret():
+  return jax.default_backend() != "gpu"
+
+
+def _forward(q, u, e, z, g, state, scale, chunk_size, save):
   B, T, H, K = q.shape
   V = z.shape[-1]
-  Tp, Kp, Vp = -(-T // chunk_size) * chunk_size, _next_pow2(K), _next_pow2(V)
-  pad = lambda x, d: jnp.pad(x, ((0, 0), (0, Tp - T), (0, 0), (0, d - x.shape[-1])))
-  # Padded tokens have g = 0 and zero keys, padded channels zero keys and values: they change nothing.
-  o, final_state = delta_rule_fwd(
-      pad(q, Kp), pad(u, Kp), pad(e, Kp), pad(z, Vp), pad(g, Kp),
-      jnp.pad(state, ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V))),
-      scale=scale, chunk_size=chunk_size, interpret=jax.default_backend() != "gpu")
-  return o[:, :T, :, :V], final_state[:, :, :K, :V]
+  Tp, Kp, Vp = _padding(T, K, V, chunk_size)
+  q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
+  z = _pad(z, Tp, Vp)
+  kw = dict(scale=scale, chunk_size=chunk_size, interpret=_interpret())
+  y, w, aqk, *inverse = intra_chunk(q, u, e, z, g, save_inverse=save, **kw)
+  o, final_state, *states = state_pass(q, u, g, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
+  out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
+  return out, ((q, u, e, z, g, y, w, aqk, inverse[0], states[0]) if save else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _delta_rule_pallas(q, u, e, z, g, state, scale, chunk_size):
-  return _padded_fwd(q, u, e, z, g, state, scale, chunk_size)
+  return _forward(q, u, e, z, g, state, scale, chunk_size, save=False)[0]
 
 
 def _fwd(q, u, e, z, g, state, scale, chunk_size):
-  return _padded_fwd(q, u, e, z, g, state, scale, chunk_size), (q, u, e, z, g, state)
+  out, saved = _forward(q, u, e, z, g, state, scale, chunk_size, save=True)
+  return out, (saved, q.shape, z.shape[-1])
 
 
 def _bwd(scale, chunk_size, residuals, cotangents):
-  f32 = [x.astype(jnp.float32) for x in residuals]
-  _, vjp = jax.vjp(lambda *xs: delta_rule_chunk(*xs[:5], scale, xs[5], chunk_size), *f32)
-  d_o, d_state = cotangents
-  grads = vjp((d_o.astype(jnp.float32), d_state.astype(jnp.float32)))
-  return tuple(gr.astype(x.dtype) for gr, x in zip(grads, residuals))
+  (q, u, e, z, g, y, w, aqk, inverse, states), (B, T, H, K), V = residuals
+  d_o, d_final = cotangents
+  Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
+  kw = dict(scale=scale, chunk_size=chunk_size, interpret=_interpret())
+  d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
+  d_r, d_state, d_states = state_pass_bwd(q, u, g, y, aqk, d_o, _pad_state(d_final.astype(jnp.float32), Kp, Vp),
+                                          **kw)
+  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, g, y, w, inverse, states, d_states, d_o, d_r, **kw)
+  key = lambda x: x[:, :T, :, :K]
+  return key(dq), key(du), key(de), dz[:, :T, :, :V], key(dg), d_state[:, :, :K, :V]
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
@@ -58,6 +82,5 @@ def delta_rule_pallas(q, u, e, z, g, scale, initial_state, chunk_size, io_dtype)
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES}, got {chunk_size}")
   q, u, e, z = (x.astype(io_dtype) for x in (q, u, e, z))
-  o, final_state = _delta_rule_pallas(q, u, e, z, g.astype(jnp.float32), initial_state.astype(jnp.float32),
-                                      scale, chunk_size)
-  return o, final_state
+  return _delta_rule_pallas(q, u, e, z, g.astype(jnp.float32), initial_state.astype(jnp.float32), scale,
+                            chunk_size)

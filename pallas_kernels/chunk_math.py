@@ -1,0 +1,124 @@
+"""In-kernel math shared by the forward and backward chunk kernels (SPEC.md section 2).
+
+Every tile is a whole chunk of C rows, so the work is a few large dots instead of many 16x16 ones.
+
+Decayed pair products. The intra-chunk Gram matrices need exp(G_r - G_c) for every pair c < r
+of one chunk (G: the chunk's fp32 cumsum of g, per key channel). The pairs are split by a binary
+tree over the chunk: at level b (block sizes C, C/2, ..., 2) a pair belongs to the level where r
+sits in the second half of a b-block and c in its first half. The decay then factors through the
+block's midpoint m (the last row of its first half) as
+
+    exp(G_r - G_m) * exp(G_m - G_c),       both exponents <= 0,
+
+so each level is one masked dot and no exponent is ever positive (strong decay stays finite; the
+masks are applied before exp). The diagonal pair c = r has decay 1.
+"""
+
+import jax
+import jax.numpy as jnp
+
+# Near-fp32 tensor-core products (three TF32 passes); plain TF32 gave ~6e-4 relative error in the inverse.
+F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+
+
+def precisions(io_dtype, interpret):
+  """(near, io): dot settings for fp32-exact work (inverse, cumsums) and for products of io-rounded data.
+
+  bf16 inputs take single-pass TF32 for the io products (their error budget is 1e-2); fp32 inputs keep
+  near-fp32 everywhere. The CPU interpreter only knows HIGHEST.
+  """
+  if interpret:
+    return jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST
+  return F32_DOT, (F32_DOT if jnp.dtype(io_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT)
+
+
+def dot(a, b, precision):
+  return jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
+
+
+def iota(shape, axis):
+  return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def block_sizes(C):
+  """The tree's block sizes C, C/2, ..., 2."""
+  return [C >> i for i in range(C.bit_length() - 1)]
+
+
+def pair_mask(C, b):
+  """[C, C] the pairs (r, c) of level b: one b-block, r in its second half, c in its first."""
+  r, c = iota((C, C), 0), iota((C, C), 1)
+  half = b // 2
+  return ((r // b) == (c // b)) & ((r % b) >= half) & ((c % b) < half)
+
+
+def level_factors(G, b):
+  """(row factor, column factor) [C, K] of level b, G [C, K] the chunk's fp32 cumsum.
+
+  row factor = exp(G_r - G_m) on rows in the second half of their b-block (else 0); column factor =
+  exp(G_m - G_c) on rows in the first half (else 0); m the last row of the first half.
+  """
+  C, K = G.shape
+  half = b // 2
+  blocks = G.reshape(C // b, b, K)
+  mid = jnp.sum(jnp.where(iota(blocks.shape, 1) == half - 1, blocks, 0.0), axis=1, keepdims=True)
+  G_mid = jnp.broadcast_to(mid, blocks.shape).reshape(C, K)
+  late = (iota((C, K), 0) % b) >= half
+  row_factor = jnp.where(late, jnp.exp(jnp.where(late, G - G_mid, 0.0)), 0.0)
+  col_factor = jnp.where(late, 0.0, jnp.exp(jnp.where(late, 0.0, G_mid - G)))
+  return row_factor, col_factor
+
+
+def decayed_grams(xs, y, G, precision):
+  """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower)."""
+  C = G.shape[0]
+  grams = [jnp.zeros((C, C), jnp.float32) for _ in xs]
+  for b in block_sizes(C):
+    row_factor, col_factor = level_factors(G, b)
+    mask = pair_mask(C, b)
+    y_col = (y * col_factor).T
+    grams = [m + jnp.where(mask, dot(x * row_factor, y_col, precision), 0.0) for m, x in zip(grams, xs)]
+  return grams
+
+
+def decayed_grams_bwd(pairs, y, G, precision):
+  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
+
+  Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
+  (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
+  the g it spans once dG is reverse-cumsummed.
+  """
+  C = G.shape[0]
+  dxs = [jnp.zeros_like(x) for x, _ in pairs]
+  dy = jnp.zeros_like(y)
+  for b in block_sizes(C):
+    row_factor, col_factor = level_factors(G, b)
+    mask = pair_mask(C, b)
+    y_col = y * col_factor
+    for i, (x, dm) in enumerate(pairs):
+      dm = jnp.where(mask, dm, 0.0)
+      dxs[i] += row_factor * dot(dm, y_col, precision)
+      dy += col_factor * dot(dm.T, x * row_factor, precision)
+  dG = -y * dy
+  for (x, _), dx in zip(pairs, dxs):
+    dG += x * dx
+  return dxs, dy, dG
+
+
+def unit_lower_inverse(T, precision):
+  """(I + T)^-1 for a strictly lower T [C, C], merging diagonal blocks level by level (2, 4, ..., C).
+
+  With A the inverse of the block diagonal of size b/2, the b-blocks are A - A (T on the level's pairs) A:
+  the exact block inverse [[A11, 0], [-A22 T21 A11, A22]], no powers of T, so no growth to cancel.
+  """
+  C = T.shape[0]
+  A = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32)
+  for b in reversed(block_sizes(C)):
+    A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, precision), precision)
+  return A
+
+
+def lower_ones(C, strict):
+  """[C, C] 0/1: row t sums rows r < t (strict) or r <= t of what it multiplies."""
+  r, c = iota((C, C), 0), iota((C, C), 1)
+  return ((c < r) if strict else (c <= r)).astype(jnp.float32)

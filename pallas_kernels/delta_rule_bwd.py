@@ -1,0 +1,159 @@
+"""Pallas (Triton) backward kernels for the chunked generalized delta rule (SPEC.md section 2).
+
+Two launches, the forward's in reverse:
+  state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
+                  gradient of the state leaving a chunk) and writes dR = A_qk^T dO + W dS and every
+                  chunk's dS; dS <- exp(G_C) dS + (q * exp(G))^T dO - Y^T dR.
+  intra_chunk_bwd grid (B, H, N): per chunk, with the state S entering it (saved by the forward) and
+                  dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T, dA_qk,
+                  dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates inside
+                  dA), the decayed Gram matrices and the decays, down to dq, du, de, dz and dg.
+
+d/dg: every term is attributed to exactly the log decays it spans (pair terms through
+`chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
+an exclusive cumsum), both as 0/1 dots, never as a difference of two large sums, so a gradient as
+small as exp(-30) keeps its relative precision.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels import chunk_math as cm
+from pallas_kernels.delta_rule_fwd import (chunk_decays, chunk_spec, params, seq_spec, state_dot, state_spec,
+                                           states_spec)
+
+
+def _state_pass_bwd_kernel(q_ref, u_ref, g_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
+                           chunk_size, num_chunks, scale, sdot):
+  f32 = jnp.float32
+  C = chunk_size
+
+  def chunk(i, d_state):
+    n = num_chunks - 1 - i
+    t = pl.ds(n * C, C)
+    dstates_ref[n] = d_state
+    q_decayed, u_decayed, decay_last = chunk_decays(g_ref[t, :].astype(f32), scale, q_ref[t, :].astype(f32),
+                                                    u_ref[t, :].astype(f32))
+    d_o = do_ref[t, :]
+    d_r = sdot(aqk_ref[t, :].T, d_o) + sdot(u_decayed, d_state)
+    dr_ref[t, :] = d_r
+    return decay_last * d_state + sdot(q_decayed.T, d_o) - sdot(y_ref[t, :].T, d_r)
+
+  dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "num_warps", "interpret"))
+def state_pass_bwd(q, u, g, y, aqk, d_o, d_final_state, *, scale, chunk_size, block_v=32, num_warps=4,
+                   interpret=False):
+  """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
+  [B, H, N, K, V] fp32. d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32."""
+  B, T, H, K = q.shape
+  V = d_o.shape[-1]
+  N = T // chunk_size
+  block_v = min(block_v, V)
+  return pl.pallas_call(
+      functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N, scale=scale,
+                        sdot=state_dot(y.dtype, interpret)),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
+                 jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32)),
+      grid=(B, H, V // block_v),
+      in_specs=[seq_spec(T, K)] * 4 + [seq_spec(T, chunk_size), seq_spec(T, V, block_v), state_spec(K, block_v)],
+      out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
+      compiler_params=params(num_warps),
+      interpret=interpret,
+      name="delta_rule_state_pass_bwd",
+  )(q, u, g, y, aqk, d_o, d_final_state)
+
+
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
+                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, block_v, interpret):
+  f32 = jnp.float32
+  near, io = cm.precisions(z_ref.dtype, interpret)
+  sdot = state_dot(z_ref.dtype, interpret)
+  C, K = q_ref.shape
+  V = z_ref.shape[-1]
+  A = a_ref[...]
+  y = y_ref[...]
+
+  # Products that contract V, one V tile at a time.
+  d_qd = jnp.zeros((C, K), f32)
+  d_w = jnp.zeros((C, K), f32)
+  d_y = jnp.zeros((C, K), f32)
+  d_aqk = jnp.zeros((C, C), f32)
+  d_a = jnp.zeros((C, C), f32)
+  d_decay = jnp.zeros((K,), f32)
+  for j in range(V // block_v):
+    cols = pl.ds(j * block_v, block_v)
+    state, d_state = s_ref[:, cols], ds_ref[:, cols]
+    d_o, d_r = do_ref[:, cols].astype(f32), dr_ref[:, cols]
+    R = w_ref[:, cols].astype(f32) - sdot(y, state)  # as the forward formed it
+    d_qd += cm.dot(d_o, state.T, io)
+    d_w += cm.dot(R, d_state.T, io)
+    d_y -= cm.dot(d_r, state.T, io)
+    d_decay += jnp.sum(state * d_state, axis=1)
+    d_aqk += cm.dot(d_o, R.T, io)
+    d_a += cm.dot(d_r, z_ref[:, cols].astype(f32).T, io)
+    dz_ref[:, cols] = cm.dot(A.T, d_r, io).astype(dz_ref.dtype)
+
+  q = q_ref[...].astype(f32) * scale
+  u, e = u_ref[...].astype(f32), e_ref[...].astype(f32)
+  G = jnp.cumsum(g_ref[...].astype(f32), axis=0)
+  rows, cols_ = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  G_last = jnp.sum(jnp.where(cm.iota((C, K), 0) == C - 1, G, 0.0), axis=0, keepdims=True)
+  decay = jnp.exp(G)
+  e_decayed = e * decay
+
+  # Y = A (e * exp(G)), U = A z, A = (I + T)^-1: dT = -A^T dA A^T on the strictly lower part.
+  d_a = jnp.where(rows >= cols_, d_a + cm.dot(d_y, e_decayed.T, io), 0.0)
+  d_e_decayed = cm.dot(A.T, d_y, io)
+  d_t = jnp.where(rows > cols_, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
+
+  # A_qk: the diagonal (decay 1, no g) apart from the strictly lower pairs.
+  d_aqk_diag = jnp.sum(jnp.where(rows == cols_, d_aqk, 0.0), axis=1, keepdims=True)
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, jnp.where(rows > cols_, d_aqk, 0.0))], u, G, io)
+  d_e += decay * d_e_decayed
+  d_q += decay * d_qd + d_aqk_diag * u
+  to_end = jnp.exp(G_last - G)
+  d_u += to_end * d_w + d_aqk_diag * q
+  d_G += e_decayed * d_e_decayed + q * decay * d_qd
+
+  # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)).
+  d_g = (cm.dot(cm.lower_ones(C, strict=False).T, d_G, near)
+         + cm.dot(cm.lower_ones(C, strict=True), u * to_end * d_w, near)
+         + jnp.exp(G_last) * d_decay[None, :])
+  dq_ref[...] = (d_q * scale).astype(dq_ref.dtype)
+  du_ref[...] = d_u.astype(du_ref.dtype)
+  de_ref[...] = d_e.astype(de_ref.dtype)
+  dg_ref[...] = d_g
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "num_warps", "interpret"))
+def intra_chunk_bwd(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r, *, scale, chunk_size, block_v=64,
+                    num_warps=8, interpret=False):
+  """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
+
+  y, w (= U), A: from `intra_chunk`; states, d_states [B, H, N, K, V]: the state entering and the
+  gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
+  """
+  B, T, H, K = q.shape
+  V = z.shape[-1]
+  C = chunk_size
+  sq = pl.squeezed
+  chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
+  io = z.dtype
+  return pl.pallas_call(
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, block_v=min(block_v, V), interpret=interpret),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
+          jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32)),
+      grid=(B, H, T // C),
+      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_spec(C, V),
+                                         chunk_spec(C, C), chunk_state, chunk_state, chunk_spec(C, V),
+                                         chunk_spec(C, V)],
+      out_specs=(chunk_spec(C, K),) * 3 + (chunk_spec(C, V), chunk_spec(C, K)),
+      compiler_params=params(num_warps),
+      interpret=interpret,
+      name="delta_rule_intra_chunk_bwd",
+  )(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r)
