@@ -4,10 +4,11 @@ Two launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
                   gradient of the state leaving a chunk) and writes dR = A_qk^T dO + W dS and every
                   chunk's dS; dS <- exp(G_C) dS + (q * exp(G))^T dO - Y^T dR.
-  intra_chunk_bwd grid (B, H, N): per chunk, with the state S entering it (saved by the forward) and
-                  dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T, dA_qk,
-                  dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates inside
-                  dA), the decayed Gram matrices and the decays, down to dq, du, de, dz and dg.
+  intra_chunk_bwd grid (B, H, N): per chunk, with R and the state S entering it (saved by the forward)
+                  and dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T,
+                  dA_qk, dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates
+                  inside dA), the decayed Gram matrices and the decays, down to dq, du, de, dz and dg.
+                  Key channels go in blocks of KEY_BLOCK so the [C, K] work stays in registers.
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
@@ -22,8 +23,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (chunk_decays, chunk_spec, params, seq_spec, state_dot, state_spec,
-                                           states_spec)
+from pallas_kernels.delta_rule_fwd import (KEY_BLOCK, VALUE_BLOCK, chunk_decays, chunk_spec, columns, params,
+                                           seq_spec, state_dot, state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(q_ref, u_ref, g_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
@@ -68,74 +69,83 @@ def state_pass_bwd(q, u, g, y, aqk, d_o, d_final_state, *, scale, chunk_size, bl
   )(q, u, g, y, aqk, d_o, d_final_state)
 
 
-def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, block_v, interpret):
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
+                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, interpret):
   f32 = jnp.float32
   near, io = cm.precisions(z_ref.dtype, interpret)
-  sdot = state_dot(z_ref.dtype, interpret)
   C, K = q_ref.shape
   V = z_ref.shape[-1]
+  kb, vb = min(KEY_BLOCK, K), min(VALUE_BLOCK, V)
+  rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
   A = a_ref[...]
-  y = y_ref[...]
 
-  # Products that contract V, one V tile at a time.
-  d_qd = jnp.zeros((C, K), f32)
-  d_w = jnp.zeros((C, K), f32)
-  d_y = jnp.zeros((C, K), f32)
-  d_aqk = jnp.zeros((C, C), f32)
-  d_a = jnp.zeros((C, C), f32)
-  d_decay = jnp.zeros((K,), f32)
-  for j in range(V // block_v):
-    cols = pl.ds(j * block_v, block_v)
-    state, d_state = s_ref[:, cols], ds_ref[:, cols]
-    d_o, d_r = do_ref[:, cols].astype(f32), dr_ref[:, cols]
-    R = w_ref[:, cols].astype(f32) - sdot(y, state)  # as the forward formed it
-    d_qd += cm.dot(d_o, state.T, io)
-    d_w += cm.dot(R, d_state.T, io)
-    d_y -= cm.dot(d_r, state.T, io)
-    d_decay += jnp.sum(state * d_state, axis=1)
-    d_aqk += cm.dot(d_o, R.T, io)
-    d_a += cm.dot(d_r, z_ref[:, cols].astype(f32).T, io)
-    dz_ref[:, cols] = cm.dot(A.T, d_r, io).astype(dz_ref.dtype)
+  # Products with only C x C results, one V block at a time: dA_qk = dO R^T, dA = dR z^T (+ dY E^T
+  # below), dz = A^T dR.
+  def v_block(j, acc):
+    d_o, d_r = columns(do_ref, j, vb), columns(dr_ref, j, vb)
+    dz_ref[:, pl.ds(j * vb, vb)] = cm.dot(A.T, d_r, io).astype(dz_ref.dtype)
+    return (acc[0] + cm.dot(d_o, columns(r_ref, j, vb).T, io),
+            acc[1] + cm.dot(d_r, columns(z_ref, j, vb).T, io))
 
-  q = q_ref[...].astype(f32) * scale
-  u, e = u_ref[...].astype(f32), e_ref[...].astype(f32)
-  G = jnp.cumsum(g_ref[...].astype(f32), axis=0)
-  rows, cols_ = cm.iota((C, C), 0), cm.iota((C, C), 1)
-  G_last = jnp.sum(jnp.where(cm.iota((C, K), 0) == C - 1, G, 0.0), axis=0, keepdims=True)
-  decay = jnp.exp(G)
-  e_decayed = e * decay
+  zeros = jnp.zeros((C, C), f32)
+  d_aqk, d_a = jax.lax.fori_loop(0, V // vb, v_block, (zeros, zeros))
 
-  # Y = A (e * exp(G)), U = A z, A = (I + T)^-1: dT = -A^T dA A^T on the strictly lower part.
-  d_a = jnp.where(rows >= cols_, d_a + cm.dot(d_y, e_decayed.T, io), 0.0)
-  d_e_decayed = cm.dot(A.T, d_y, io)
-  d_t = jnp.where(rows > cols_, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
+  def key_block(i):
+    """(G, state block [kb, V] products) of key block i: dY = -dR S^T, dQ~ = dO S^T, dW = R dS^T, d exp(G_C)."""
+    keys = pl.ds(i * kb, kb)
+    d_y, d_qd, d_w = (jnp.zeros((C, kb), f32) for _ in range(3))
+    d_decay = jnp.zeros((kb,), f32)
+    for j in range(V // vb):
+      values = pl.ds(j * vb, vb)
+      state, d_state = s_ref[keys, values], ds_ref[keys, values]
+      d_y -= cm.dot(columns(dr_ref, j, vb), state.T, io)
+      d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
+      d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
+      d_decay += jnp.sum(state * d_state, axis=1)
+    return jnp.cumsum(columns(g_ref, i, kb), axis=0), d_y, d_qd, d_w, d_decay
 
-  # A_qk: the diagonal (decay 1, no g) apart from the strictly lower pairs.
-  d_aqk_diag = jnp.sum(jnp.where(rows == cols_, d_aqk, 0.0), axis=1, keepdims=True)
-  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, jnp.where(rows > cols_, d_aqk, 0.0))], u, G, io)
-  d_e += decay * d_e_decayed
-  d_q += decay * d_qd + d_aqk_diag * u
-  to_end = jnp.exp(G_last - G)
-  d_u += to_end * d_w + d_aqk_diag * q
-  d_G += e_decayed * d_e_decayed + q * decay * d_qd
+  # Y = A (e * exp(G)): dA += dY (e * exp(G))^T, over all key blocks before dT can be formed.
+  def d_a_block(i, d_a):
+    G, d_y, _, _, _ = key_block(i)
+    return d_a + cm.dot(d_y, (columns(e_ref, i, kb) * jnp.exp(G)).T, io)
 
-  # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)).
-  d_g = (cm.dot(cm.lower_ones(C, strict=False).T, d_G, near)
-         + cm.dot(cm.lower_ones(C, strict=True), u * to_end * d_w, near)
-         + jnp.exp(G_last) * d_decay[None, :])
-  dq_ref[...] = (d_q * scale).astype(dq_ref.dtype)
-  du_ref[...] = d_u.astype(du_ref.dtype)
-  de_ref[...] = d_e.astype(de_ref.dtype)
-  dg_ref[...] = d_g
+  d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, d_a_block, d_a), 0.0)
+  d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
+  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
+  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
+  last = cm.iota((C, kb), 0) == C - 1
+  suffix, prefix = cm.lower_ones(C, strict=False).T, cm.lower_ones(C, strict=True)
+
+  def grad_block(i, carry):
+    keys = pl.ds(i * kb, kb)
+    G, d_y, d_qd, d_w, d_decay = key_block(i)
+    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+    decay = jnp.exp(G)
+    G_last = jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
+    to_end = jnp.exp(G_last - G)
+    d_e_decayed = cm.dot(A.T, d_y, io)
+    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io)
+    d_e += decay * d_e_decayed
+    d_q += decay * d_qd + d_aqk_diag * u
+    d_u += to_end * d_w + d_aqk_diag * q
+    d_G += e * decay * d_e_decayed + q * decay * d_qd
+    # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)).
+    dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * to_end * d_w, near)
+                       + jnp.exp(G_last) * d_decay[None, :])
+    dq_ref[:, keys] = (d_q * scale).astype(dq_ref.dtype)
+    du_ref[:, keys] = d_u.astype(du_ref.dtype)
+    de_ref[:, keys] = d_e.astype(de_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, K // kb, grad_block, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "num_warps", "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r, *, scale, chunk_size, block_v=64,
-                    num_warps=8, interpret=False):
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "num_warps", "interpret"))
+def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, num_warps=4,
+                    interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
-  y, w (= U), A: from `intra_chunk`; states, d_states [B, H, N, K, V]: the state entering and the
+  y, A: from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
   """
   B, T, H, K = q.shape
@@ -145,7 +155,7 @@ def intra_chunk_bwd(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r, *, scale
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
   return pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, block_v=min(block_v, V), interpret=interpret),
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
           jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32)),
       grid=(B, H, T // C),
@@ -156,4 +166,4 @@ def intra_chunk_bwd(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r, *, scale
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
-  )(q, u, e, z, g, y, w, A, states, d_states, d_o, d_r)
+  )(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)

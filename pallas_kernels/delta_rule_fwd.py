@@ -22,20 +22,45 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
+KEY_BLOCK = 32  # key channels per step of the intra-chunk kernels: keeps [C, KEY_BLOCK] tiles in registers
+VALUE_BLOCK = 32
+
+
+def columns(ref, i, width):
+  """Column block i of a [rows, D] ref, as fp32."""
+  return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
+
+
 def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *inverse_ref, scale,
                         interpret):
   f32 = jnp.float32
   near, io = cm.precisions(z_ref.dtype, interpret)
-  q, u, e = (ref[...].astype(f32) for ref in (q_ref, u_ref, e_ref))
-  G = jnp.cumsum(g_ref[...].astype(f32), axis=0)
-  q = q * scale
-  T, A_qk = cm.decayed_grams([e, q], u, G, io)
-  C = T.shape[0]
+  C, K = q_ref.shape
+  V = z_ref.shape[-1]
+  kb, vb = min(KEY_BLOCK, K), min(VALUE_BLOCK, V)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
-  A_qk += jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
+
+  def gram_block(i, acc):
+    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+    T, A_qk = cm.decayed_grams([e, q], u, G, io)
+    return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
+
+  zeros = jnp.zeros((C, C), f32)
+  T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
   A = cm.unit_lower_inverse(T, near)
-  y_ref[...] = cm.dot(A, e * jnp.exp(G), io).astype(y_ref.dtype)
-  w_ref[...] = cm.dot(A, z_ref[...].astype(f32), io).astype(w_ref.dtype)
+
+  def y_block(i, carry):
+    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    y_ref[:, pl.ds(i * kb, kb)] = cm.dot(A, columns(e_ref, i, kb) * jnp.exp(G), io).astype(y_ref.dtype)
+    return carry
+
+  def u_block(j, carry):
+    w_ref[:, pl.ds(j * vb, vb)] = cm.dot(A, columns(z_ref, j, vb), io).astype(w_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, K // kb, y_block, 0)
+  jax.lax.fori_loop(0, V // vb, u_block, 0)
   aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
   if inverse_ref:
     inverse_ref[0][...] = A
@@ -57,18 +82,20 @@ def chunk_decays(g, scale_q, q, u):
   return q * (scale_q * jnp.exp(G)), u * jnp.exp(G_last[None, :] - G), jnp.exp(G_last)[:, None]
 
 
-def _state_pass_kernel(q_ref, u_ref, g_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *states_ref, chunk_size,
+def _state_pass_kernel(q_ref, u_ref, g_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *saved_refs, chunk_size,
                        num_chunks, scale, sdot):
   f32 = jnp.float32
   C = chunk_size
 
   def chunk(n, state):
     t = pl.ds(n * C, C)
-    if states_ref:
-      states_ref[0][n] = state
+    if saved_refs:
+      saved_refs[0][n] = state
     q_decayed, u_decayed, decay_last = chunk_decays(g_ref[t, :].astype(f32), scale, q_ref[t, :].astype(f32),
                                                     u_ref[t, :].astype(f32))
     R = w_ref[t, :].astype(f32) - sdot(y_ref[t, :], state)
+    if saved_refs:
+      saved_refs[1][t, :] = R
     o_ref[t, :] = (sdot(q_decayed, state) + sdot(aqk_ref[t, :], R)).astype(o_ref.dtype)
     return decay_last * state + sdot(u_decayed.T, R)
 
@@ -129,7 +156,7 @@ def states_spec(N, K, block_v):
 def state_pass(q, u, g, y, w, aqk, initial_state, *, scale, chunk_size, block_v=32, save_states=False, num_warps=4,
                interpret=False):
   """Sequential over chunks: o [B, T, H, V] in w.dtype, the final state [B, H, K, V] fp32, and with
-  save_states the state entering each chunk [B, H, N, K, V] fp32."""
+  save_states the state entering each chunk [B, H, N, K, V] fp32 and R = U - Y S [B, T, H, V] fp32."""
   B, T, H, K = q.shape
   V = w.shape[-1]
   N = T // chunk_size
@@ -137,8 +164,8 @@ def state_pass(q, u, g, y, w, aqk, initial_state, *, scale, chunk_size, block_v=
   out_shape = [jax.ShapeDtypeStruct((B, T, H, V), w.dtype), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
-    out_shape.append(jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32))
-    out_specs.append(states_spec(N, K, block_v))
+    out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32), jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
+    out_specs += [states_spec(N, K, block_v), seq_spec(T, V, block_v)]
   return pl.pallas_call(
       functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, scale=scale,
                         sdot=state_dot(w.dtype, interpret)),

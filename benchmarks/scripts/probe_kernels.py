@@ -1,0 +1,103 @@
+"""Probe (2026-11-29, session 3): time each Pallas kernel of impl="pallas", forward and backward,
+over a few launch settings, and check the backward against autodiff of the chunk impl.
+
+  PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+
+GDN-2 inputs (K = V = 128, chunk 64), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3
+rotated input sets (wall clock around block_until_ready).
+"""
+import os
+import sys
+import warnings
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+warnings.filterwarnings("ignore")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
+from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.ops.chunk import delta_rule_chunk
+from sdm_jax.ops.pallas import delta_rule_pallas
+
+B, T, H = (int(x) for x in sys.argv[1].split(","))
+K = V = 128
+C = 64
+scale = K**-0.5
+interpret = jax.default_backend() != "gpu"
+dtype = jnp.bfloat16
+
+
+def inputs(seed):
+  r = np.random.default_rng(seed)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  q = unit(r.standard_normal((B, T, H, K), np.float32))
+  k = unit(r.standard_normal((B, T, H, K), np.float32))
+  v = r.standard_normal((B, T, H, V), np.float32)
+  g = -np.logaddexp(0.0, -1.0 - r.standard_normal((B, T, H, K), np.float32))
+  b = 1 / (1 + np.exp(-r.standard_normal((B, T, H, K), np.float32)))
+  w = 1 / (1 + np.exp(-r.standard_normal((B, T, H, V), np.float32)))
+  return [jnp.asarray(x, dtype) for x in (q, k, b * k, w * v)] + [jnp.asarray(g, jnp.float32)]
+
+
+rows = []
+
+
+def timed(name, fn, arg_sets):
+  try:
+    compiled, compile_s = compile_timed(fn, *arg_sets[0])
+    ms = median_ms(compiled, arg_sets, 10)
+    rows.append((name, compile_s, ms))
+    print(f"{name:<48} compile {compile_s:6.1f} s  {ms:8.3f} ms", flush=True)
+    return compiled
+  except Exception as error:
+    rows.append((name, float("nan"), float("nan")))
+    print(f"{name:<48} FAILED {type(error).__name__}: {str(error).splitlines()[0][:300]}", flush=True)
+
+
+print(f"B={B} T={T} H={H} K=V={K} C={C} bf16; {jax.devices()[0].device_kind}", flush=True)
+sets = [inputs(s) for s in range(3)]
+h0 = jnp.zeros((B, H, K, V), jnp.float32)
+kw = dict(scale=scale, chunk_size=C, interpret=interpret)
+for warps in (4, 8):
+  timed(f"intra_chunk fwd save_inverse warps={warps}",
+        lambda *a, w=warps: intra_chunk(*a, save_inverse=True, num_warps=w, **kw), sets)
+y, w, aqk, A = intra_chunk(*sets[0], save_inverse=True, **kw)
+q, u, e, z, g = sets[0]
+timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(q, u, g, y, w, aqk, h0)])
+timed("state_pass bv=32 save_states", lambda *a: state_pass(*a, block_v=32, save_states=True, **kw),
+      [(q, u, g, y, w, aqk, h0)])
+o, ht, states, r = state_pass(q, u, g, y, w, aqk, h0, save_states=True, **kw)
+d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
+d_ht = jnp.zeros_like(ht)
+timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw), [(q, u, g, y, aqk, d_o, d_ht)])
+d_r, dh0, d_states = state_pass_bwd(q, u, g, y, aqk, d_o, d_ht, **kw)
+bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
+for warps in (4, 8):
+  timed(f"intra_chunk_bwd warps={warps}", lambda *a, w=warps: intra_chunk_bwd(*a, num_warps=w, **kw), bwd_args)
+
+# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward.
+op = lambda q, u, e, z, g: delta_rule_pallas(q, u, e, z, g, scale, h0, C, dtype)
+timed("pallas op fwd", lambda *a: op(*a)[0], sets)
+loss = lambda *a: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
+timed("pallas op fwd+bwd", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+
+# Gradients against autodiff of the chunk impl (fp32 on the same bf16-rounded inputs).
+ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, C)[0]
+                              * d_o.astype(jnp.float32))
+try:
+  ours = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*sets[0])
+  ref = jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2, 3, 4)))(*sets[0])
+  for name, a, b in zip("quezg", ours, ref):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    print(f"d{name}: rel err vs chunk autodiff {np.linalg.norm(a - b) / np.linalg.norm(b):.2e}"
+          f" finite={np.all(np.isfinite(a))}", flush=True)
+except Exception as error:
+  print(f"gradient check FAILED {type(error).__name__}: {str(error).splitlines()[0][:300]}", flush=True)
+
+print("\n| kernel | compile s | ms |\n|---|---|---|")
+for name, c, ms in rows:
+  print(f"| {name} | {c:.1f} | {ms:.3f} |")
