@@ -25,20 +25,21 @@ def _forward(mixer, impl="chunk"):
   return forward
 
 
+@pytest.mark.parametrize("impl", ["chunk", "pallas"])
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_bf16_chunk_matches_fp32_scan(mixer):
+def test_bf16_matches_fp32_scan(mixer, impl):
   """SPEC section 6: bf16 inputs within 1e-2 of the fp32 scan on the same (bf16-rounded) values."""
   T, seed = 65, seed_of("bf16", mixer)
   bf16_inputs = cast(_inputs(mixer, T, seed), jnp.bfloat16)  # the initial state stays fp32
   assert bf16_inputs["initial_state"].dtype == jnp.float32
   r_o, r_s = _weights(mixer, T, seed + 1)
-  o, final_state, grads = outputs_and_grads(mixer, bf16_inputs, r_o, r_s, impl="chunk", chunk_size=32,
+  o, final_state, grads = outputs_and_grads(mixer, bf16_inputs, r_o, r_s, impl=impl, chunk_size=32,
                                             use_qk_l2norm=True)
   assert o.dtype == jnp.bfloat16
   assert final_state.dtype == jnp.float32
   assert {n: x.dtype for n, x in grads.items()} == {n: bf16_inputs[n].dtype for n in grads}
   reference = outputs_and_grads(mixer, cast(bf16_inputs, jnp.float32), r_o, r_s, impl="scan", use_qk_l2norm=True)
-  assert_close(results(o, final_state, grads), results(*reference), 1e-2, f"bf16 chunk vs fp32 scan, {mixer}")
+  assert_close(results(o, final_state, grads), results(*reference), 1e-2, f"bf16 {impl} vs fp32 scan, {mixer}")
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

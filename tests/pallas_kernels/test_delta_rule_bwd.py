@@ -1,0 +1,40 @@
+"""The Pallas backward kernels and the forward's saving variants: a 'cuda' lowering check for an
+abstract NVIDIA H200 (interpret-mode numerics of the backward are in tests/ops, through impl="pallas")."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
+from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+
+
+def _lower_for_h200(fn, *args):
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("chunk_size", [16, 64, 128])
+def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
+  B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
+  N = T // chunk_size
+  spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
+  f32 = jnp.float32
+  key, value, chunk = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, chunk_size)
+  kw = dict(scale=0.1, chunk_size=chunk_size)
+  kernels = [
+      (lambda *a: intra_chunk(*a, save_inverse=True, **kw), (key, key, key, value, spec(B, T, H, K, d=f32))),
+      (lambda *a: state_pass(*a, save_states=True, **kw),
+       (key, key, spec(B, T, H, K, d=f32), key, value, chunk, spec(B, H, K, V, d=f32))),
+      (lambda *a: state_pass_bwd(*a, **kw), (key, key, spec(B, T, H, K, d=f32), key, chunk, value,
+                                               spec(B, H, K, V, d=f32))),
+      (lambda *a: intra_chunk_bwd(*a, **kw),
+       (key, key, key, value, spec(B, T, H, K, d=f32), key, spec(B, T, H, V, d=f32),
+        spec(B, T, H, chunk_size, d=f32), spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value,
+        spec(B, T, H, V, d=f32))),
+  ]
+  for fn, args in kernels:
+    assert _lower_for_h200(fn, *args).count("__gpu$xla.gpu.triton") == 1
