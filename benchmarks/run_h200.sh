@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of phases baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of phases probe baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -40,10 +40,14 @@ for step in $steps; do
         run 280 python3 -m experiments.bench_ops --mixers=$m --impls=chunk --shapes=4x4096 --reps=10 \
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
-    kernels)  # pallas vs chunk, every gradient, at the issue shape
-      for m in gdn2 kda gdn; do
-        run 150 python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
-          --heads=16 --head_dim=128 --dtype=bfloat16 --out_json="$RES/compare_$m.json"
+    probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
+      run 400 env KEY_BLOCKS=${KEY_BLOCKS:-16,32,64} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
+    kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
+      for dt in bfloat16 float32; do
+        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2 fg2_plus}; do
+          run 150 python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
+            --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/compare_${m}_$dt.json"
+        done
       done ;;
     bench)  # chunk, pallas and fla in one run, one shape at a time
       for shape in 4x4096 8x2048 1x16384; do

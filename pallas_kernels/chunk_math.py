@@ -81,8 +81,12 @@ def decayed_grams(xs, y, G, precision):
   return grams
 
 
-def decayed_grams_bwd(pairs, y, G, precision):
+def decayed_grams_bwd(pairs, y, G, precision, loop_index):
   """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
+
+  loop_index: the index of the enclosing loop over key blocks. The level masks depend on it so the
+  compiler rebuilds each masked dM where it is used instead of hoisting all of them out of the loop
+  (on the H200 the hoisted matrices overflowed shared memory).
 
   Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
   (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
@@ -93,7 +97,7 @@ def decayed_grams_bwd(pairs, y, G, precision):
   dy = jnp.zeros_like(y)
   for b in block_sizes(C):
     row_factor, col_factor = level_factors(G, b)
-    mask = pair_mask(C, b)
+    mask = pair_mask(C, b) & (loop_index >= 0)
     y_col = y * col_factor
     for i, (x, dm) in enumerate(pairs):
       dm = jnp.where(mask, dm, 0.0)

@@ -22,7 +22,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
-KEY_BLOCK = 32  # key channels per step of the intra-chunk kernels: keeps [C, KEY_BLOCK] tiles in registers
+KEY_BLOCK = 32  # default key channels per step of the intra-chunk kernels: [C, KEY_BLOCK] tiles stay in registers
 VALUE_BLOCK = 32
 
 
@@ -31,13 +31,13 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *inverse_ref, scale,
+def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *inverse_ref, scale, key_block,
                         interpret):
   f32 = jnp.float32
   near, io = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
   V = z_ref.shape[-1]
-  kb, vb = min(KEY_BLOCK, K), min(VALUE_BLOCK, V)
+  kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
   def gram_block(i, acc):
@@ -111,8 +111,10 @@ def chunk_spec(C, d):
   return pl.BlockSpec((pl.squeezed, C, pl.squeezed, d), lambda b, h, n: (b, n, h, 0))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "num_warps", "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, num_warps=4, interpret=False):
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "num_warps",
+                                             "interpret"))
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, num_warps=4,
+                interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C] (in z.dtype),
   and with save_inverse A [B, T, H, C] fp32."""
   B, T, H, K = q.shape
@@ -125,7 +127,7 @@ def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, num_war
     out_shape.append(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32))
     out_specs.append(chunk_spec(C, C))
   return pl.pallas_call(
-      functools.partial(_intra_chunk_kernel, scale=scale, interpret=interpret),
+      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],

@@ -1,7 +1,7 @@
 """Probe (2026-11-29, session 3): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
-  PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  KEY_BLOCKS=16,32,64 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
 GDN-2 inputs (K = V = 128, chunk 64), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3
 rotated input sets (wall clock around block_until_ready).
@@ -62,9 +62,10 @@ print(f"B={B} T={T} H={H} K=V={K} C={C} bf16; {jax.devices()[0].device_kind}", f
 sets = [inputs(s) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
 kw = dict(scale=scale, chunk_size=C, interpret=interpret)
-for warps in (4,):
-  timed(f"intra_chunk fwd save_inverse warps={warps}",
-        lambda *a, w=warps: intra_chunk(*a, save_inverse=True, num_warps=w, **kw), sets)
+KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
+for kb in KEY_BLOCKS:
+  timed(f"intra_chunk fwd save_inverse key_block={kb}",
+        lambda *a, kb=kb: intra_chunk(*a, save_inverse=True, key_block=kb, **kw), sets)
 y, w, aqk, A = intra_chunk(*sets[0], save_inverse=True, **kw)
 q, u, e, z, g = sets[0]
 timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(q, u, g, y, w, aqk, h0)])
@@ -76,8 +77,8 @@ d_ht = jnp.zeros_like(ht)
 timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw), [(q, u, g, y, aqk, d_o, d_ht)])
 d_r, dh0, d_states = state_pass_bwd(q, u, g, y, aqk, d_o, d_ht, **kw)
 bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
-for warps in (4, 8):
-  timed(f"intra_chunk_bwd warps={warps}", lambda *a, w=warps: intra_chunk_bwd(*a, num_warps=w, **kw), bwd_args)
+for kb in KEY_BLOCKS:
+  timed(f"intra_chunk_bwd key_block={kb}", lambda *a, kb=kb: intra_chunk_bwd(*a, key_block=kb, **kw), bwd_args)
 
 # The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward.
 op = lambda q, u, e, z, g: delta_rule_pallas(q, u, e, z, g, scale, h0, C, dtype)

@@ -104,11 +104,12 @@ def _forward(mixer, **options):
   return jax.jit(lambda inputs: call(mixer, inputs, output_final_state=True, **options))
 
 
+@pytest.mark.parametrize("impl", ["chunk", "pallas"])
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_chunk_size_does_not_change_result(mixer):
+def test_chunk_size_does_not_change_result(mixer, impl):
   inputs = _inputs(mixer, 100, "mixed", "random", True, True, seed_of("chunk_size", mixer))
-  small, large = (_forward(mixer, impl="chunk", chunk_size=chunk, use_qk_l2norm=True)(inputs) for chunk in (16, 64))
-  assert_close(results(*small), results(*large), TOL, f"chunk_size 16 vs 64, {mixer}")
+  small, large = (_forward(mixer, impl=impl, chunk_size=chunk, use_qk_l2norm=True)(inputs) for chunk in (16, 64))
+  assert_close(results(*small), results(*large), TOL[impl][0], f"{impl}: chunk_size 16 vs 64, {mixer}")
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
