@@ -19,9 +19,10 @@ import numpy as np
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
-from sdm_jax.evaluation.timing import compile_timed, median_ms
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
+
+from probe_common import Timer, gdn2_inputs
 
 B, T, H = (int(x) for x in sys.argv[1].split(","))
 K = V = 128
@@ -29,37 +30,10 @@ C = 64
 scale = K**-0.5
 interpret = jax.default_backend() != "gpu"
 dtype = jnp.bfloat16
-
-
-def inputs(seed):
-  r = np.random.default_rng(seed)
-  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-  q = unit(r.standard_normal((B, T, H, K), np.float32))
-  k = unit(r.standard_normal((B, T, H, K), np.float32))
-  v = r.standard_normal((B, T, H, V), np.float32)
-  g = -np.logaddexp(0.0, -1.0 - r.standard_normal((B, T, H, K), np.float32))
-  b = 1 / (1 + np.exp(-r.standard_normal((B, T, H, K), np.float32)))
-  w = 1 / (1 + np.exp(-r.standard_normal((B, T, H, V), np.float32)))
-  return [jnp.asarray(x, dtype) for x in (q, k, b * k, w * v)] + [jnp.asarray(g, jnp.float32)]
-
-
-rows = []
-
-
-def timed(name, fn, arg_sets):
-  try:
-    compiled, compile_s = compile_timed(fn, *arg_sets[0])
-    ms = median_ms(compiled, arg_sets, 10)
-    rows.append((name, compile_s, ms))
-    print(f"{name:<48} compile {compile_s:6.1f} s  {ms:8.3f} ms", flush=True)
-    return compiled
-  except Exception as error:
-    rows.append((name, float("nan"), float("nan")))
-    print(f"{name:<48} FAILED {type(error).__name__}: {str(error).splitlines()[0][:300]}", flush=True)
-
+timed = Timer()
 
 print(f"B={B} T={T} H={H} K=V={K} C={C} bf16; {jax.devices()[0].device_kind}", flush=True)
-sets = [inputs(s) for s in range(3)]
+sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
 kw = dict(scale=scale, chunk_size=C, interpret=interpret)
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
@@ -99,6 +73,4 @@ try:
 except Exception as error:
   print(f"gradient check FAILED {type(error).__name__}: {str(error).splitlines()[0][:300]}", flush=True)
 
-print("\n| kernel | compile s | ms |\n|---|---|---|")
-for name, c, ms in rows:
-  print(f"| {name} | {c:.1f} | {ms:.3f} |")
+print("\n" + timed.table("kernel"))
