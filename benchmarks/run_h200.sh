@@ -49,10 +49,11 @@ for step in $steps; do
             --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/compare_${m}_$dt.json"
         done
       done ;;
-    bench)  # chunk, pallas and fla in one run, one shape at a time
-      for shape in 4x4096 8x2048 1x16384; do
-        run 200 python3 -m experiments.bench_ops --mixers=gdn2,kda --impls=pallas,chunk --shapes=$shape --reps=10 \
-          --out_dir="$RES" --tag=h200_$shape
+    bench)  # pallas and fla over SPEC section 7's shapes, one process per mixer so fla autotunes once per
+      # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
+      for m in ${BENCH_MIXERS:-gdn2 kda}; do
+        run 560 python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \
+          --shapes=4x4096,8x2048,2x8192,1x16384,1x32768 --reps=10 --out_dir="$RES" --tag=h200_bench_$m
       done ;;
     mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
       mqar_runs mqar_small 110 "${MQAR_SMALL_VARIANTS:-gdn2 kda}" \
