@@ -62,7 +62,7 @@ for step in $steps; do
         --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
         --config.train.log_every=100 ;;
     sdm)
-      run 160 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
+      run 500 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
     train)  # the default MQAR, every dense mixer
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;

@@ -27,6 +27,7 @@ flags.DEFINE_integer("gdn_heads", 16, "H of the dense GDN run.")
 flags.DEFINE_integer("gdn_head_dim", 128, "K = V of the dense GDN run.")
 flags.DEFINE_integer("address_rows", 32768, "Tokens of the addressing run (times sdm_heads rows).")
 flags.DEFINE_integer("address_dim", 128, "Sub-key dimension of the addressing run.")
+flags.DEFINE_list("impls", ["chunk", "pallas"], "Impls of the SDM op and of the dense GDN op to time.")
 flags.DEFINE_integer("reps", 10, "Warm runs per timing (median).")
 flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON and markdown go.")
 flags.DEFINE_string("tag", "sdm", "File name tag.")
@@ -72,11 +73,12 @@ def main(argv):
     print("\n".join(table[-1:]), flush=True)
 
   H, N, V, W = FLAGS.sdm_heads, FLAGS.num_slots, FLAGS.value_dim, FLAGS.topk
-  record(f"sdm chunk {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V, W=W, R=W,
-         reps=FLAGS.reps)
   K = FLAGS.gdn_head_dim
-  record(f"gdn chunk {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
-         H=FLAGS.gdn_heads, K=K, V=K, reps=FLAGS.reps)
+  for impl in FLAGS.impls:
+    record(f"sdm {impl} {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V, W=W, R=W,
+           impl=impl, reps=FLAGS.reps)
+    record(f"gdn {impl} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
+           H=FLAGS.gdn_heads, K=K, V=K, impl=impl, reps=FLAGS.reps)
   for impl in ("xla", "pallas"):
     record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",
            sdm_bench.time_addressing, rows=FLAGS.address_rows, heads=H, n=n, k=W, dim=FLAGS.address_dim, impl=impl,

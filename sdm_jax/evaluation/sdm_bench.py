@@ -30,13 +30,13 @@ def sdm_inputs(B, T, H, N, V, W, R, seed):
   return floats, ints
 
 
-def time_sdm(B, T, H, N, V, W, R, *, chunk_size=16, reps=10, seed=0):
-  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms} of sparse_delta_rule(impl="chunk")."""
+def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=0):
+  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms} of sparse_delta_rule(impl=impl)."""
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
   r_o = jnp.asarray(np.random.default_rng(seed).standard_normal((B, T, H, V), np.float32))
 
   def forward(floats, ints):
-    return sparse_delta_rule(**floats, **ints, chunk_size=chunk_size)[0]
+    return sparse_delta_rule(**floats, **ints, impl=impl, chunk_size=chunk_size)[0]
 
   def loss(floats, ints, r_o):  # r_o an argument: closed over, XLA would fold it into the program
     return jnp.sum(forward(floats, ints).astype(jnp.float32) * r_o)

@@ -10,7 +10,7 @@ def default_config():
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
   impl / chunk_size select how the dense mixers run, sdm_impl / sdm_chunk_size how the SDM runs
-  (it has no Pallas recurrence yet); none of them changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  ("pallas": a Pallas kernel for the row work, chunk_size 16-64); none of them changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256

@@ -25,17 +25,20 @@ def _einsum(spec, *xs):
   return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
-def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
-  """One chunk for one (batch, head), on the table rows it touches.
+def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
+  """The value-independent part of one chunk for one (batch, head).
 
-  rows_k [C, W, V], rows_q [C, R, V]: the chunk-start rows at k_idx, q_idx; k_idx, k_w [C, W];
-  v [C, V]; g, beta [C]; q_idx, q_w [C, R].
-  Returns ((kept [C, W, V], written [C, W, V], o [C, V]), multiplicity [C, W]): at the chunk end,
-  slot k_idx[t, w] holds kept[t, w] (the same for every entry of that slot) plus the sum of written
-  over its entries; multiplicity[t, w] counts those entries (>= 1).
+  k_idx, k_w [C, W]; g, beta [C]; q_idx, q_w [C, R]. Returns a dict of
+    same [C, W, C, W]: write entries (t, w) and (s, x) share a slot
+    r0_coef [C, W]: r0_t = sum_w r0_coef[t, w] * (chunk-start row of slot k_idx[t, w])
+    read_coef [C, R]: the chunk-start rows' part of o_t, likewise over q_idx
+    solve [C, C]: Delta = solve @ (V - r0), i.e. (I + diag(beta) A)^-1 diag(beta)
+    A_qk [C, C]: o = (read part) + A_qk Delta
+    keep [C, W]: exp(total decay of the slot over the chunk)
+    write_coef [C, W]: entry (t, w) adds write_coef[t, w] * Delta_t to its slot.
   """
   C = g.shape[0]
-  dt = rows_k.dtype
+  dt = k_w.dtype
   j = jnp.arange(C)
   # same[t, w, s, x]: write entries (t, w) and (s, x) share a slot; hit[t, w, s]: token s wrote
   # the slot of (t, w); weight[t, w, s]: token s's summed write weight on that slot.
@@ -61,17 +64,36 @@ def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
   A = _einsum("tw,tws,tws->ts", k_w, weight, decay)
   causal = (t_ >= s_)[:, None, :]
   decay_q = jnp.where(causal, jnp.exp(jnp.where(causal, span(gh_q, s_, t_), 0.0)), 0.0)
-  A_qk = _einsum("tr,trs,trs->ts", q_w, weight_q, decay_q)
-
-  r0 = _einsum("tw,twv->tv", k_w * jnp.exp(from_start), rows_k)
   eye = jnp.eye(C, dtype=dt)
-  delta = jax.lax.linalg.triangular_solve(eye + beta[:, None] * A, beta[:, None] * (v - r0), left_side=True,
-                                          lower=True, unit_diagonal=True)  # d_t = beta_t (v_t - r_t)
-  o = _einsum("tr,trv->tv", q_w * jnp.exp(from_start_q), rows_q) + _einsum("ts,sv->tv", A_qk, delta)
+  return {
+      "same": same,
+      "r0_coef": k_w * jnp.exp(from_start),
+      "read_coef": q_w * jnp.exp(from_start_q),
+      "solve": jax.lax.linalg.triangular_solve(eye + beta[:, None] * A, jnp.diag(beta), left_side=True, lower=True,
+                                               unit_diagonal=True),
+      "A_qk": _einsum("tr,trs,trs->ts", q_w, weight_q, decay_q),
+      "keep": jnp.exp(total),
+      "write_coef": k_w * jnp.exp(to_end),
+  }
+
+
+def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
+  """One chunk for one (batch, head), on the table rows it touches.
+
+  rows_k [C, W, V], rows_q [C, R, V]: the chunk-start rows at k_idx, q_idx; k_idx, k_w [C, W];
+  v [C, V]; g, beta [C]; q_idx, q_w [C, R].
+  Returns ((kept [C, W, V], written [C, W, V], o [C, V]), multiplicity [C, W]): at the chunk end,
+  slot k_idx[t, w] holds kept[t, w] (the same for every entry of that slot) plus the sum of written
+  over its entries; multiplicity[t, w] counts those entries (>= 1).
+  """
+  a = chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w)
+  r0 = _einsum("tw,twv->tv", a["r0_coef"], rows_k)
+  delta = _einsum("ts,sv->tv", a["solve"], v - r0)  # d_t = beta_t (v_t - r_t)
+  o = _einsum("tr,trv->tv", a["read_coef"], rows_q) + _einsum("ts,sv->tv", a["A_qk"], delta)
   # Each touched slot decays once over the chunk (its entries agree), then every write adds.
-  kept = jnp.exp(total)[..., None] * rows_k
-  written = (k_w * jnp.exp(to_end))[..., None] * delta[:, None, :]
-  return (kept, written, o), jnp.sum(same, axis=(2, 3))
+  kept = a["keep"][..., None] * rows_k
+  written = a["write_coef"][..., None] * delta[:, None, :]
+  return (kept, written, o), jnp.sum(a["same"], axis=(2, 3))
 
 
 def _rows_step(rows_k, rows_q, floats, ints):

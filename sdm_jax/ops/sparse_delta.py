@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import checkify
 
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
+from sdm_jax.ops.sparse_pallas import sparse_delta_pallas
 from sdm_jax.ops.validation import check_options, check_shape
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -59,13 +60,12 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", c
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
   [B, T, H, W]; v: [B, T, H, V]; g (log decay <= 0), beta: [B, T, H]; q_idx (int), q_w: [B, T, H, R].
-  impl: "scan" (the reference) or "chunk" (chunked WY with a memory-lean backward).
+  impl: "scan" (the reference), "chunk" (chunked WY with a memory-lean backward) or "pallas" (the
+  chunk form with a Pallas kernel for the row work; interpret mode off the GPU; chunk_size 16, 32 or 64).
   Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
   indices raise ValueError (under jit: a check that `checkify` reports).
   """
-  check_options("chunk" if impl == "pallas" else impl, chunk_size)
-  if impl == "pallas":
-    raise ValueError("impl: sparse_delta_rule has no Pallas kernel yet; use 'chunk' or 'scan'")
+  check_options(impl, chunk_size)
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
   if m0.ndim == 3:
@@ -91,6 +91,7 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", c
     pad = -T % C
     # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.
     pad_t = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    o, final = sparse_delta_chunk(table, *map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w)), C)
+    run = sparse_delta_pallas if impl == "pallas" else sparse_delta_chunk
+    o, final = run(table, *map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w)), C)
     o = o[:, :T]
   return o.astype(v.dtype), final if output_final_state else None

@@ -1,0 +1,100 @@
+"""Pallas (Triton) forward kernel for the chunked Sparse Delta Memory update (SPEC.md section 3).
+
+The value-independent algebra of a chunk (slot matching, per-slot decays, the triangular solve)
+is small and comes from XLA (`sdm_jax.ops.sparse_chunk.chunk_addressing`); this kernel does the
+part that grows with d_v: gathering the touched table rows, the [C, C] products and the row
+writes, sequential over chunks, in place on the table.
+
+Grid (B, H, V / block_v), each program owns one column tile of one table. Per chunk:
+  1. gather the chunk-start rows at k_idx (kept for the backward) and q_idx:
+     r0 = sum_w r0_coef * rows_k, o_read = sum_r read_coef * rows_q;
+  2. Delta = solve (v - r0), o = o_read + A_qk Delta;
+  3. after a barrier (all of this chunk's reads precede its writes), token by token, the entries of
+     the first token that touches a slot write keep * (its chunk-start row, still in the table) +
+     sum_s slot_write[t, w, s] Delta_s (duplicates within that token write the same value); the
+     slot's entries in later tokens are masked out. A second barrier orders the writes before the
+     next chunk's reads.
+Shapes ([B, H, Nc, C, ...], Nc chunks of C tokens): k_idx [.., W] int32, q_idx [.., R] int32,
+r0_coef, keep, first [.., W] fp32, read_coef [.., R], solve, a_qk [.., C], slot_write [.., W, C],
+v [.., V]; table [B, H, N, V] fp32. W, R, C >= 16 and V a multiple of block_v (dots need dims >= 16).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.chunk_math import F32_DOT, iota
+
+
+def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref, keep_ref, slot_write_ref,
+            first_ref, v_ref, table_in_ref, table_ref, o_ref, rows_ref, *, num_chunks, interpret):
+  del table_in_ref  # aliased with table_ref
+  f32 = jnp.float32
+  C = solve_ref.shape[-1]
+  bv = v_ref.shape[-1]
+  row = iota((C, bv), 0)
+  cols = jax.lax.broadcasted_iota(jnp.int32, (1, bv), 1)
+  precision = jax.lax.Precision.HIGHEST if interpret else F32_DOT
+  dot = lambda a, b: jnp.dot(a, b, precision=precision, preferred_element_type=f32)
+  # The interpreter runs a program's memory operations in order; on the GPU the warps need a barrier.
+  barrier = (lambda: None) if interpret else pltriton.debug_barrier
+  # Rows of the table's column tile at a vector of slot indices (both indexers arrays: a gather).
+  at_rows = lambda idx: (idx[:, None], cols)
+
+  def chunk(n, carry):
+    def read(t, acc):
+      r0, o_read = acc
+      rows_k = table_ref[at_rows(k_idx_ref[n, t, :])]
+      rows_ref[n, t] = rows_k
+      r0_t = jnp.sum(r0_coef_ref[n, t, :][:, None] * rows_k, axis=0, keepdims=True)
+      o_t = jnp.sum(read_coef_ref[n, t, :][:, None] * table_ref[at_rows(q_idx_ref[n, t, :])], axis=0, keepdims=True)
+      return jnp.where(row == t, r0_t, r0), jnp.where(row == t, o_t, o_read)
+
+    zeros = jnp.zeros((C, bv), f32)
+    r0, o_read = jax.lax.fori_loop(0, C, read, (zeros, zeros))
+    delta = dot(solve_ref[n], v_ref[n].astype(f32) - r0)
+    o_ref[n] = (o_read + dot(aqk_ref[n], delta)).astype(o_ref.dtype)
+    barrier()
+
+    def write(t, carry):
+      rows = at_rows(k_idx_ref[n, t, :])
+      new = keep_ref[n, t, :][:, None] * table_ref[rows] + dot(slot_write_ref[n, t], delta)
+      pltriton.store(table_ref.at[rows], new, mask=jnp.broadcast_to(first_ref[n, t, :][:, None] > 0, new.shape))
+      return carry
+
+    jax.lax.fori_loop(0, C, write, 0)
+    barrier()
+    return carry
+
+  jax.lax.fori_loop(0, num_chunks, chunk, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "interpret"))
+def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, *, block_v=64,
+                     interpret=False):
+  """Returns (final table [B, H, N, V] fp32, o [B, H, Nc, C, V] in v.dtype, rows [B, H, Nc, C, W, V] fp32: the
+  chunk-start rows at k_idx)."""
+  B, H, N, V = table.shape
+  _, _, Nc, C, W = k_idx.shape
+  R = q_idx.shape[-1]
+  block_v = min(block_v, V)
+  sq = pl.squeezed
+  per_head = lambda *shape: pl.BlockSpec((sq, sq, *shape), lambda b, h, j: (b, h) + (0,) * len(shape))
+  tile = lambda *shape: pl.BlockSpec((sq, sq, *shape, block_v), lambda b, h, j: (b, h) + (0,) * len(shape) + (j,))
+  return pl.pallas_call(
+      functools.partial(_kernel, num_chunks=Nc, interpret=interpret),
+      out_shape=(jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, Nc, C, V), v.dtype),
+                 jax.ShapeDtypeStruct((B, H, Nc, C, W, V), jnp.float32)),
+      grid=(B, H, V // block_v),
+      in_specs=[per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, C),
+                per_head(Nc, C, C), per_head(Nc, C, W), per_head(Nc, C, W, C), per_head(Nc, C, W), tile(Nc, C),
+                tile(N)],
+      out_specs=(tile(N), tile(Nc, C), tile(Nc, C, W)),
+      input_output_aliases={10: 0},
+      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="sparse_delta_fwd",
+  )(k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, table)
