@@ -122,6 +122,11 @@ def unit_lower_inverse(T, precision):
   return A
 
 
+def last_row(G):
+  """G_C [K]: the last row of a chunk's cumsum G [C, K] (the same rounding as G, so G_C - G stays <= 0)."""
+  return jnp.sum(jnp.where(iota(G.shape, 0) == G.shape[0] - 1, G, 0.0), axis=0)
+
+
 def lower_ones(C, strict):
   """[C, C] 0/1: row t sums rows r < t (strict) or r <= t of what it multiplies."""
   r, c = iota((C, C), 0), iota((C, C), 1)

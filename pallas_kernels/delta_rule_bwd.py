@@ -113,7 +113,6 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
   d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
   d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
   d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-  last = cm.iota((C, kb), 0) == C - 1
   suffix, prefix = cm.lower_ones(C, strict=False).T, cm.lower_ones(C, strict=True)
 
   def grad_block(i, carry):
@@ -121,7 +120,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
     G, d_y, d_qd, d_w, d_decay = key_block(i)
     q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
     decay = jnp.exp(G)
-    G_last = jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
+    G_last = cm.last_row(G)[None, :]
     to_end = jnp.exp(G_last - G)
     d_e_decayed = cm.dot(A.T, d_y, io)
     (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i)

@@ -75,10 +75,8 @@ def state_dot(io_dtype, interpret):
 
 def chunk_decays(g, scale_q, q, u):
   """(q * scale * exp(G), u * exp(G_C - G), exp(G_C) [K, 1]) of one chunk, g [C, K] fp32."""
-  C, K = g.shape
   G = jnp.cumsum(g, axis=0)
-  # The last row of the same cumsum (not a separate sum) keeps G_C - G consistently rounded.
-  G_last = jnp.sum(jnp.where(cm.iota((C, K), 0) == C - 1, G, 0.0), axis=0)
+  G_last = cm.last_row(G)
   return q * (scale_q * jnp.exp(G)), u * jnp.exp(G_last[None, :] - G), jnp.exp(G_last)[:, None]
 
 

@@ -16,14 +16,14 @@ from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
 PALLAS_CHUNK_SIZES = (16, 32, 64, 128)
 
 
-def _next_pow2(n, floor=16):
+def next_pow2(n, floor=16):
   return max(floor, 1 << (n - 1).bit_length())
 
 
 def _padding(T, K, V, chunk_size):
   """Padded (T, K, V): T to whole chunks, K and V to powers of two >= 16. Padded tokens have g = 0
   and zero keys, padded channels zero keys and values: they change nothing."""
-  return -(-T // chunk_size) * chunk_size, _next_pow2(K), _next_pow2(V)
+  return -(-T // chunk_size) * chunk_size, next_pow2(K), next_pow2(V)
 
 
 def _pad(x, T, d):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.sparse_delta import sparse_delta_fwd
+from sdm_jax.ops.pallas import next_pow2
 from sdm_jax.ops.sparse_chunk import _bwd, _from_chunks, _split, chunk_addressing
 
 PALLAS_SPARSE_CHUNK_SIZES = (16, 32, 64)
@@ -77,7 +78,7 @@ def sparse_delta_pallas(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
   k_idx, k_w = _pad_entries(k_idx, k_w)
   q_idx, q_w = _pad_entries(q_idx, q_w)
   V = v.shape[-1]
-  Vp = max(MIN_DIM, 1 << (V - 1).bit_length())
+  Vp = next_pow2(V, MIN_DIM)
   if Vp != V:  # zero value columns stay zero
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
     table = jnp.pad(table, [(0, 0)] * 3 + [(0, Vp - V)])

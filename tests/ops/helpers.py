@@ -35,6 +35,8 @@ GATES = {
 }
 DECAY = {"gdn": HEAD, "kda": KEY, "fg2": KEY, "fg2_plus": KEY, "gdn2": KEY}
 GATE_MODES = ("random", "zero", "one", "binary", "interior")
+# SPEC section 6: fp32 (outputs, gradients) tolerances against the scan, per impl.
+FP32_TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
 
 
 def seed_of(*parts):

@@ -12,11 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from helpers import MIXERS, assert_close, call, cast, cotangents, error_report, make_inputs, outputs_and_grads
-from helpers import results, seed_of, value_dim
+from helpers import FP32_TOL, results, seed_of, value_dim
 
 B, H, K, V = 2, 2, 16, 32
-# (outputs, gradients): SPEC section 6's fp32 tolerances per impl.
-TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +78,7 @@ def test_full_sweep_matches_float64_scan(x64, mixer, config, impl):
 
 def _check_config(mixer, config, impl):
   """Every variant of a config runs on one compilation; all failing variants are reported together."""
-  tol_out, tol_grad = TOL[impl]
+  tol_out, tol_grad = FP32_TOL[impl]
   failures = []
   for decay, gates in config.variants:
     seed = seed_of(mixer, str(config), decay, gates)
@@ -109,7 +107,7 @@ def _forward(mixer, **options):
 def test_chunk_size_does_not_change_result(mixer, impl):
   inputs = _inputs(mixer, 100, "mixed", "random", True, True, seed_of("chunk_size", mixer))
   small, large = (_forward(mixer, impl=impl, chunk_size=chunk, use_qk_l2norm=True)(inputs) for chunk in (16, 64))
-  assert_close(results(*small), results(*large), TOL[impl][0], f"{impl}: chunk_size 16 vs 64, {mixer}")
+  assert_close(results(*small), results(*large), FP32_TOL[impl][0], f"{impl}: chunk_size 16 vs 64, {mixer}")
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

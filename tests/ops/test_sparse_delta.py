@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
+from helpers import FP32_TOL
 from sdm_jax.ops import sparse_delta_rule
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
 
@@ -89,10 +90,6 @@ def test_scan_matches_dense_numpy(x64, shared):
   assert _rel(table, table_ref) < 1e-12
 
 
-# (outputs and final table, gradients): SPEC section 6's fp32 tolerances per impl.
-TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
-
-
 @pytest.mark.parametrize("impl,decay,beta_mode,chunk_size,T,seed", [
     ("chunk", 1.0, "random", 16, 37, 1), ("chunk", 0.01, "random", 8, 16, 2), ("chunk", 30.0, "random", 16, 40, 3),
     ("chunk", 1.0, "zero", 8, 21, 4), ("chunk", 1.0, "one", 32, 33, 5), ("chunk", 3.0, "random", 4, 1, 6),
@@ -101,7 +98,7 @@ TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
 ])
 def test_matches_scan(x64, impl, decay, beta_mode, chunk_size, T, seed):
   x = _inputs(seed, T=T, decay=decay, beta_mode=beta_mode, shared=seed % 2 == 0)
-  tol_out, tol_grad = TOL[impl]
+  tol_out, tol_grad = FP32_TOL[impl]
   o_ref, table_ref = _run(x, jnp.float64, impl="scan")
   o, table = _run(x, jnp.float32, impl=impl, chunk_size=chunk_size)
   assert o.dtype == jnp.float32 and table.dtype == jnp.float32
