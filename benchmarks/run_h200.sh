@@ -41,7 +41,7 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run 400 env KEY_BLOCKS=${KEY_BLOCKS:-16,32,64} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
+      run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-16,32,64} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
       for dt in bfloat16 float32; do
         for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2 fg2_plus}; do
@@ -52,7 +52,7 @@ for step in $steps; do
     bench)  # pallas and fla over SPEC section 7's shapes, one process per mixer so fla autotunes once per
       # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
       for m in ${BENCH_MIXERS:-gdn2 kda}; do
-        run 560 python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \
+        run ${BENCH_LIMIT:-560} python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \
           --shapes=4x4096,8x2048,2x8192,1x16384,1x32768 --reps=10 --out_dir="$RES" --tag=h200_bench_$m
       done ;;
     mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned

@@ -14,25 +14,36 @@ so each level is one masked dot and no exponent is ever positive (strong decay s
 masks are applied before exp). The diagonal pair c = r has decay 1.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 # Near-fp32 tensor-core products (three TF32 passes); plain TF32 gave ~6e-4 relative error in the inverse.
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+# io products of bf16 inputs: operands rounded to bf16, fp32 accumulation (the bf16 error budget is 1e-2).
+BF16_OPERANDS = "bf16 operands"
+
+
+class Dots(NamedTuple):
+  """Dot settings of a kernel: near (fp32-exact work: inverse corrections, cumsums), io (products of
+  io-rounded data) and tf32 (one-pass products that a near-fp32 step corrects afterwards)."""
+  near: object
+  io: object
+  tf32: object
 
 
 def precisions(io_dtype, interpret):
-  """(near, io): dot settings for fp32-exact work (inverse, cumsums) and for products of io-rounded data.
-
-  bf16 inputs take single-pass TF32 for the io products (their error budget is 1e-2); fp32 inputs keep
-  near-fp32 everywhere. The CPU interpreter only knows HIGHEST.
-  """
-  if interpret:
-    return jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST
-  return F32_DOT, (F32_DOT if jnp.dtype(io_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT)
+  """The kernel's `Dots`. bf16 inputs round their io operands to bf16 (in the CPU interpreter too);
+  other inputs keep near-fp32 for the io products. The interpreter only knows HIGHEST."""
+  near = jax.lax.Precision.HIGHEST if interpret else F32_DOT
+  io = BF16_OPERANDS if jnp.dtype(io_dtype) == jnp.bfloat16 else near
+  return Dots(near, io, jax.lax.Precision.HIGHEST if interpret else jax.lax.Precision.DEFAULT)
 
 
 def dot(a, b, precision):
+  if isinstance(precision, str) and precision == BF16_OPERANDS:
+    a, b, precision = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), None
   return jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
@@ -109,17 +120,22 @@ def decayed_grams_bwd(pairs, y, G, precision, loop_index):
   return dxs, dy, dG
 
 
-def unit_lower_inverse(T, precision):
-  """(I + T)^-1 for a strictly lower T [C, C], merging diagonal blocks level by level (2, 4, ..., C).
+def unit_lower_inverse(T, dots):
+  """(I + T)^-1 for a strictly lower T [C, C], exact to fp32.
 
-  With A the inverse of the block diagonal of size b/2, the b-blocks are A - A (T on the level's pairs) A:
-  the exact block inverse [[A11, 0], [-A22 T21 A11, A22]], no powers of T, so no growth to cancel.
+  The diagonal blocks are merged level by level (2, 4, ..., C) in one-pass TF32: with A the inverse
+  of the block diagonal of size b/2, the b-blocks are A - A (T on the level's pairs) A, the exact
+  block inverse [[A11, 0], [-A22 T21 A11, A22]] (no powers of T, so no growth to cancel). One Newton
+  step in near-fp32 then squares the relative error E = I - (I + T) A (TF32 leaves ~1e-4):
+  A <- A + A E, so I - (I + T) A becomes E^2.
   """
   C = T.shape[0]
-  A = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32)
+  eye = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32)
+  A = eye
   for b in reversed(block_sizes(C)):
-    A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, precision), precision)
-  return A
+    A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, dots.tf32), dots.tf32)
+  residual = eye - A - dot(T, A, dots.near)
+  return A + dot(A, residual, dots.near)
 
 
 def last_row(G):

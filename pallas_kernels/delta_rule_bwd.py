@@ -72,7 +72,7 @@ def state_pass_bwd(q, u, g, y, aqk, d_o, d_final_state, *, scale, chunk_size, bl
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
                             dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, key_block, interpret):
   f32 = jnp.float32
-  near, io = cm.precisions(z_ref.dtype, interpret)
+  near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
   V = z_ref.shape[-1]
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)

@@ -34,7 +34,8 @@ def columns(ref, i, width):
 def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *inverse_ref, scale, key_block,
                         interpret):
   f32 = jnp.float32
-  near, io = cm.precisions(z_ref.dtype, interpret)
+  dots = cm.precisions(z_ref.dtype, interpret)
+  io = dots.io
   C, K = q_ref.shape
   V = z_ref.shape[-1]
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
@@ -48,7 +49,7 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
 
   zeros = jnp.zeros((C, C), f32)
   T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
-  A = cm.unit_lower_inverse(T, near)
+  A = cm.unit_lower_inverse(T, dots)
 
   def y_block(i, carry):
     G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
@@ -68,9 +69,7 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
 
 def state_dot(io_dtype, interpret):
   """Dots of the state passes: near-fp32 for fp32 inputs; bf16 operands with fp32 accumulation for bf16."""
-  if jnp.dtype(io_dtype) == jnp.float32:
-    return functools.partial(cm.dot, precision=cm.precisions(io_dtype, interpret)[0])
-  return lambda a, b: cm.dot(a.astype(io_dtype), b.astype(io_dtype), None)
+  return functools.partial(cm.dot, precision=cm.precisions(io_dtype, interpret).io)
 
 
 def chunk_decays(g, scale_q, q, u):

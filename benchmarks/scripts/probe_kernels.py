@@ -1,4 +1,4 @@
-"""Probe (2026-11-29, session 3): time each Pallas kernel of impl="pallas", forward and backward,
+"""Probe (2026-11-29, sessions 3 and 4): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
   KEY_BLOCKS=16,32,64 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
@@ -54,11 +54,12 @@ bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
 for kb in KEY_BLOCKS:
   timed(f"intra_chunk_bwd key_block={kb}", lambda *a, kb=kb: intra_chunk_bwd(*a, key_block=kb, **kw), bwd_args)
 
-# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward.
-op = lambda q, u, e, z, g: delta_rule_pallas(q, u, e, z, g, scale, h0, C, dtype)
-timed("pallas op fwd", lambda *a: op(*a)[0], sets)
-loss = lambda *a: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
-timed("pallas op fwd+bwd", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, at chunk sizes 64 and 32.
+for chunk in (64, 32):
+  op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
+  timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
+  loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
+  timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
 
 # Gradients against autodiff of the chunk impl (fp32 on the same bf16-rounded inputs).
 ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, C)[0]
