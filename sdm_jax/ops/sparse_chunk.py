@@ -5,7 +5,9 @@ duplicates summed), a decay exp(g_t) only on the key's support, and a sparse rea
 Within a chunk of C tokens every decay span is built from exactly the tokens it covers:
 hit[t, w, j] says token j wrote the slot of entry (t, w), so the cumulative decay of that slot
 from token s to token t is sum_{s < j <= t} g_j hit[t, w, j]. Slot interactions between tokens
-come from index equality, so nothing of size N is formed except the table itself.
+come from chunk-local slot ids (`slot_groups`: entries share an id iff they share a slot) and
+per-token tables over those ids ([C x W, C]), so nothing of size N is formed except the table
+itself, and no entry is compared with every other (no C x W x C x W tensor).
 
 The backward keeps the rows each chunk overwrote (C x W x V per chunk, T x W x V in all), walks
 the chunks in reverse, undoes each chunk's writes to recover its starting table and
@@ -25,11 +27,45 @@ def _einsum(spec, *xs):
   return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
+def slot_groups(k_idx, q_idx):
+  """Chunk-local slot ids, so that slot matching never compares every pair of entries.
+
+  k_idx [C, W], q_idx [C, R] (one chunk, one batch-head). Returns u [C, W] and u_q [C, R], int32:
+  u[t, w] is the position of the slot k_idx[t, w] in the sorted write slots of the chunk (its first
+  occurrence there), so two write entries share an id iff they share a slot; u_q[t, r] is that id
+  for q_idx[t, r] when some write entry of the chunk has that slot, else C * W (a sentinel whose
+  row in `per_token` is zero). Ids lie in [0, C * W], not densely.
+  """
+  slots = jnp.sort(k_idx.reshape(-1))
+  u = jnp.searchsorted(slots, k_idx, side="left").astype(jnp.int32)
+  pos = jnp.searchsorted(slots, q_idx, side="left").astype(jnp.int32)
+  found = slots[jnp.minimum(pos, slots.shape[0] - 1)] == q_idx
+  return u, jnp.where(found, pos, slots.shape[0])
+
+
+def per_token(u, x):
+  """x [C, W] over the write entries -> [C * W + 1, C]: row g, column s sums x[s, w] over token s's
+  entries in group g (a scatter-add; rows of unused ids and the sentinel's stay 0). Gathering it at
+  u [C, W] (or u_q) gives [t, w, s]: token s's summed x on the slot of entry (t, w)."""
+  C, W = u.shape
+  s = jnp.broadcast_to(jnp.arange(C)[:, None], u.shape)
+  return jnp.zeros((C * W + 1, C), x.dtype).at[u, s].add(x)
+
+
+def first_writes(u):
+  """[C, W] bool: no earlier token of the chunk wrote the slot of entry (t, w) (group ids u [C, W])."""
+  C, W = u.shape
+  t = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32)[:, None], u.shape)
+  first_token = jnp.full((C * W,), C, jnp.int32).at[u].min(t)  # the smallest token of each group
+  return first_token[u] == t
+
+
 def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   """The value-independent part of one chunk for one (batch, head).
 
   k_idx, k_w [C, W]; g, beta [C]; q_idx, q_w [C, R]. Returns a dict of
-    same [C, W, C, W]: write entries (t, w) and (s, x) share a slot
+    slots [C, W]: the entries' chunk-local slot ids (`slot_groups`)
+    multiplicity [C, W]: how many write entries of the chunk share the slot of (t, w) (>= 1)
     r0_coef [C, W]: r0_t = sum_w r0_coef[t, w] * (chunk-start row of slot k_idx[t, w])
     read_coef [C, R]: the chunk-start rows' part of o_t, likewise over q_idx
     solve [C, C]: Delta = solve @ (V - r0), i.e. (I + diag(beta) A)^-1 diag(beta)
@@ -40,13 +76,13 @@ def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   C = g.shape[0]
   dt = k_w.dtype
   j = jnp.arange(C)
-  # same[t, w, s, x]: write entries (t, w) and (s, x) share a slot; hit[t, w, s]: token s wrote
-  # the slot of (t, w); weight[t, w, s]: token s's summed write weight on that slot.
-  same = k_idx[:, :, None, None] == k_idx[None, None, :, :]
-  same_q = q_idx[:, :, None, None] == k_idx[None, None, :, :]
-  hit, hit_q = jnp.any(same, axis=-1), jnp.any(same_q, axis=-1)
-  weight = _einsum("twsx,sx->tws", same.astype(dt), k_w)
-  weight_q = _einsum("trsx,sx->trs", same_q.astype(dt), k_w)
+  # hit[t, w, s]: token s wrote the slot of entry (t, w); weight[t, w, s]: token s's summed write
+  # weight on that slot. Both are per-token tables of the chunk's slot groups gathered at the ids.
+  u, u_q = slot_groups(k_idx, q_idx)
+  counts = per_token(u, jnp.ones(u.shape, jnp.int32))
+  weights = per_token(u, k_w)
+  hit, hit_q = counts[u] > 0, counts[u_q] > 0
+  weight, weight_q = weights[u], weights[u_q]
   gh, gh_q = hit * g, hit_q * g  # [C, W or R, C]: the decay token j applies to that slot
 
   def span(gh, lo, hi):  # sum_j gh[t, w, j] over lo[t, s] < j <= hi[t, s] -> [C, W, C]
@@ -66,7 +102,8 @@ def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   decay_q = jnp.where(causal, jnp.exp(jnp.where(causal, span(gh_q, s_, t_), 0.0)), 0.0)
   eye = jnp.eye(C, dtype=dt)
   return {
-      "same": same,
+      "slots": u,
+      "multiplicity": jnp.sum(counts, axis=-1)[u],  # group sizes
       "r0_coef": k_w * jnp.exp(from_start),
       "read_coef": q_w * jnp.exp(from_start_q),
       "solve": jax.lax.linalg.triangular_solve(eye + beta[:, None] * A, jnp.diag(beta), left_side=True, lower=True,
@@ -93,7 +130,7 @@ def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
   # Each touched slot decays once over the chunk (its entries agree), then every write adds.
   kept = a["keep"][..., None] * rows_k
   written = a["write_coef"][..., None] * delta[:, None, :]
-  return (kept, written, o), jnp.sum(a["same"], axis=(2, 3))
+  return (kept, written, o), a["multiplicity"]
 
 
 def _rows_step(rows_k, rows_q, floats, ints):

@@ -12,24 +12,25 @@ import jax.numpy as jnp
 
 from pallas_kernels.sparse_delta import sparse_delta_fwd
 from sdm_jax.ops.pallas import next_pow2
-from sdm_jax.ops.sparse_chunk import _bwd, _from_chunks, _split, chunk_addressing
+from sdm_jax.ops.sparse_chunk import _bwd, _from_chunks, _split, chunk_addressing, first_writes, per_token
 
 PALLAS_SPARSE_CHUNK_SIZES = (16, 32, 64)
 MIN_DIM = 16  # the kernel's dots need every dim >= 16
-CHUNKS_PER_BATCH = 8  # chunks whose [C, W, C, W] slot comparisons are formed at once (memory)
+# Chunks whose coefficients are formed at once. Slot matching is O(C x W x C) per chunk and head, but the
+# temporaries (slot tables, decay spans) still grow with the batch: at the H200 bench shape (4x4096, H=2,
+# W=R=128, C=64) XLA reports 2.6 GiB at 16 and 9.2 GiB for all 64 chunks, against 1.2 GiB of coefficients.
+CHUNKS_PER_BATCH = 16
 
 
 def _chunk_coefficients(k_idx, k_w, g, beta, q_idx, q_w):
   """The kernel's per-chunk coefficients for one (batch, head) (shapes as in `chunk_addressing`)."""
   a = chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w)
-  C = k_idx.shape[0]
-  slot_write = jnp.einsum("twsx,sx->tws", a["same"].astype(k_w.dtype), a["write_coef"],
-                          precision=jax.lax.Precision.HIGHEST)
-  # first[t, w]: no earlier token wrote this slot in the chunk, so the table still holds its chunk-start row
-  # when token t writes it (duplicates within token t compute, and write, the same value).
-  t = jnp.arange(C)
-  earlier = (t[None, :] < t[:, None])[:, None, :, None]  # [t, 1, s, 1]
-  first = (~jnp.any(a["same"] & earlier, axis=(-2, -1))).astype(k_w.dtype)
+  u = a["slots"]
+  # slot_write[t, w, s]: token s's summed write_coef on the slot of (t, w). first[t, w]: no earlier token
+  # wrote this slot in the chunk, so the table still holds its chunk-start row when token t writes it
+  # (duplicates within token t compute, and write, the same value).
+  slot_write = per_token(u, a["write_coef"])[u]
+  first = first_writes(u).astype(k_w.dtype)
   return a["r0_coef"], a["read_coef"], a["solve"], a["A_qk"], a["keep"], slot_write, first
 
 

@@ -1,0 +1,67 @@
+"""Sparse Delta Memory's chunk-local slot ids against the brute-force [C, W, C, W] slot comparison
+they replace: group ids, per-token weights and hits, multiplicities, first writes, and gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax.ops.sparse_chunk import chunk_addressing, first_writes, per_token, slot_groups
+
+C, W, R = 8, 3, 4
+
+
+def _brute(k_idx, q_idx, k_w):
+  """The former construction: same[t, w, s, x] = (k_idx[t, w] == k_idx[s, x]), likewise for reads."""
+  same = k_idx[:, :, None, None] == k_idx[None, None, :, :]
+  same_q = q_idx[:, :, None, None] == k_idx[None, None, :, :]
+  earlier = (np.arange(C)[None, :] < np.arange(C)[:, None])[:, None, :, None]
+  return dict(hit=same.any(-1), hit_q=same_q.any(-1), weight=np.einsum("twsx,sx->tws", same, k_w),
+              weight_q=np.einsum("trsx,sx->trs", same_q, k_w), multiplicity=same.sum((2, 3)),
+              first=~np.any(same & earlier, axis=(2, 3)))
+
+
+@pytest.mark.parametrize("N,seed", [(1, 0), (5, 1), (12, 2), (1000, 3)])  # one slot, heavy, light, no collisions
+def test_slot_groups_match_brute_force(N, seed):
+  rng = np.random.default_rng(seed)
+  k_idx = rng.integers(0, N, size=(C, W))
+  k_idx[0, 1] = k_idx[0, 0]  # a slot listed twice in one token
+  q_idx = rng.integers(0, N + 3, size=(C, R))  # some read slots no write has, some above every write slot
+  k_w = rng.uniform(size=(C, W))
+  u, u_q = map(np.asarray, slot_groups(jnp.asarray(k_idx), jnp.asarray(q_idx)))
+  np.testing.assert_array_equal(u.reshape(-1)[:, None] == u.reshape(-1)[None, :],
+                                k_idx.reshape(-1)[:, None] == k_idx.reshape(-1)[None, :])
+  written = np.isin(q_idx, k_idx)
+  assert np.all(u_q[~written] == C * W)
+  np.testing.assert_array_equal(u_q[written], u.reshape(-1)[np.argmax(q_idx[written][:, None] == k_idx.reshape(-1), 1)])
+
+  ref = _brute(k_idx, q_idx, k_w)
+  counts = np.asarray(per_token(jnp.asarray(u), jnp.ones((C, W), jnp.int32)))
+  weights = np.asarray(per_token(jnp.asarray(u), jnp.asarray(k_w, jnp.float32)))
+  np.testing.assert_array_equal(counts[u] > 0, ref["hit"])
+  np.testing.assert_array_equal(counts[u_q] > 0, ref["hit_q"])
+  np.testing.assert_allclose(weights[u], ref["weight"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(weights[u_q], ref["weight_q"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(np.asarray(first_writes(jnp.asarray(u))), ref["first"])
+  a = chunk_addressing(jnp.asarray(k_idx), jnp.asarray(k_w, jnp.float32), -jnp.ones(C), jnp.full(C, 0.5),
+                       jnp.asarray(q_idx), jnp.full((C, R), 0.25))
+  np.testing.assert_array_equal(np.asarray(a["multiplicity"]), ref["multiplicity"])
+
+
+def test_slot_tables_pass_gradients_to_the_weights():
+  rng = np.random.default_rng(4)
+  k_idx, q_idx = jnp.asarray(rng.integers(0, 6, size=(C, W))), jnp.asarray(rng.integers(0, 8, size=(C, R)))
+  k_w = jnp.asarray(rng.uniform(size=(C, W)), jnp.float32)
+  r, r_q = jnp.asarray(rng.normal(size=(C, W, C)), jnp.float32), jnp.asarray(rng.normal(size=(C, R, C)), jnp.float32)
+  same = (k_idx[:, :, None, None] == k_idx[None, None, :, :]).astype(jnp.float32)
+  same_q = (q_idx[:, :, None, None] == k_idx[None, None, :, :]).astype(jnp.float32)
+
+  def grouped(k_w):
+    u, u_q = slot_groups(k_idx, q_idx)
+    weights = per_token(u, k_w)
+    return jnp.sum(weights[u] * r) + jnp.sum(weights[u_q] * r_q)
+
+  def brute(k_w):
+    return jnp.sum(jnp.einsum("twsx,sx->tws", same, k_w) * r) + jnp.sum(jnp.einsum("trsx,sx->trs", same_q, k_w) * r_q)
+
+  np.testing.assert_allclose(jax.grad(grouped)(k_w), jax.grad(brute)(k_w), rtol=1e-5, atol=1e-5)
