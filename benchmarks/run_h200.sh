@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of phases probe baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of probe baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -33,8 +33,6 @@ mqar_runs() {  # mqar_runs NAME LIMIT "VARIANTS" OVERRIDES...: pallas MQAR runs 
 steps=${*:-kernels bench sdm train}
 for step in $steps; do
   case $step in
-    phases)  # where the time of the chunked forward and backward goes
-      run 150 python3 benchmarks/scripts/probe_phases.py 4,4096,16 bfloat16 ;;
     baseline)  # the pure-JAX chunk impl next to fla, the table the kernels must beat (KDA, then GDN-2)
       for m in ${BASELINE_MIXERS:-kda gdn2}; do
         run 280 python3 -m experiments.bench_ops --mixers=$m --impls=chunk --shapes=4x4096 --reps=10 \
@@ -43,9 +41,9 @@ for step in $steps; do
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
       run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-16,32,64} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
-      for dt in bfloat16 float32; do
+      for dt in ${KERNEL_DTYPES:-bfloat16 float32}; do
         for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2 fg2_plus}; do
-          run 150 python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
+          run ${KERNEL_LIMIT:-150} python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
             --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/compare_${m}_$dt.json"
         done
       done ;;
@@ -53,7 +51,7 @@ for step in $steps; do
       # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
       for m in ${BENCH_MIXERS:-gdn2 kda}; do
         run ${BENCH_LIMIT:-560} python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \
-          --shapes=4x4096,8x2048,2x8192,1x16384,1x32768 --reps=10 --out_dir="$RES" --tag=h200_bench_$m
+          --shapes=${BENCH_SHAPES:-4x4096,8x2048,2x8192,1x16384,1x32768} --reps=10 --out_dir="$RES" --tag=h200_bench_$m
       done ;;
     mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
       mqar_runs mqar_small 110 "${MQAR_SMALL_VARIANTS:-gdn2 kda}" \
@@ -62,7 +60,7 @@ for step in $steps; do
         --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
         --config.train.log_every=100 ;;
     sdm)
-      run 500 python3 -m experiments.bench_sdm --out_dir="$RES" --tag=h200_sdm ;;
+      run ${SDM_LIMIT:-500} python3 -m experiments.bench_sdm --impls=${SDM_IMPLS:-chunk,pallas} --out_dir="$RES" --tag=h200_sdm ;;
     train)  # the default MQAR, every dense mixer
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;

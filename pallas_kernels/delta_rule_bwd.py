@@ -3,7 +3,7 @@
 Two launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
                   gradient of the state leaving a chunk) and writes dR = A_qk^T dO + W dS and every
-                  chunk's dS; dS <- exp(G_C) dS + (q * exp(G))^T dO - Y^T dR.
+                  chunk's dS; dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's q~, u~, exp(G_C)).
   intra_chunk_bwd grid (B, H, N): per chunk, with R and the state S entering it (saved by the forward)
                   and dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T,
                   dA_qk, dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates
@@ -23,12 +23,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (KEY_BLOCK, VALUE_BLOCK, chunk_decays, chunk_spec, columns, params,
+from pallas_kernels.delta_rule_fwd import (KEY_BLOCK, VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, params,
                                            seq_spec, state_dot, state_spec, states_spec)
 
 
-def _state_pass_bwd_kernel(q_ref, u_ref, g_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
-                           chunk_size, num_chunks, scale, sdot):
+def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
+                           chunk_size, num_chunks, sdot):
   f32 = jnp.float32
   C = chunk_size
 
@@ -36,37 +36,37 @@ def _state_pass_bwd_kernel(q_ref, u_ref, g_ref, y_ref, aqk_ref, do_ref, dht_ref,
     n = num_chunks - 1 - i
     t = pl.ds(n * C, C)
     dstates_ref[n] = d_state
-    q_decayed, u_decayed, decay_last = chunk_decays(g_ref[t, :].astype(f32), scale, q_ref[t, :].astype(f32),
-                                                    u_ref[t, :].astype(f32))
     d_o = do_ref[t, :]
-    d_r = sdot(aqk_ref[t, :].T, d_o) + sdot(u_decayed, d_state)
+    d_r = sdot(aqk_ref[t, :].T, d_o) + sdot(ud_ref[t, :], d_state)
     dr_ref[t, :] = d_r
-    return decay_last * d_state + sdot(q_decayed.T, d_o) - sdot(y_ref[t, :].T, d_r)
+    return decay_ref[n][:, None] * d_state + sdot(qd_ref[t, :].T, d_o) - sdot(y_ref[t, :].T, d_r)
 
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "num_warps", "interpret"))
-def state_pass_bwd(q, u, g, y, aqk, d_o, d_final_state, *, scale, chunk_size, block_v=32, num_warps=4,
+@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "interpret"))
+def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=32, num_warps=4,
                    interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
-  [B, H, N, K, V] fp32. d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32."""
-  B, T, H, K = q.shape
+  [B, H, N, K, V] fp32. qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`; d_o [B, T, H, V] in the io
+  dtype, d_final_state [B, H, K, V] fp32."""
+  B, T, H, K = qd.shape
   V = d_o.shape[-1]
   N = T // chunk_size
   block_v = min(block_v, V)
   return pl.pallas_call(
-      functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N, scale=scale,
+      functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
                         sdot=state_dot(y.dtype, interpret)),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32)),
       grid=(B, H, V // block_v),
-      in_specs=[seq_spec(T, K)] * 4 + [seq_spec(T, chunk_size), seq_spec(T, V, block_v), state_spec(K, block_v)],
+      in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
+                                       seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
-  )(q, u, g, y, aqk, d_o, d_final_state)
+  )(qd, ud, decay, y, aqk, d_o, d_final_state)
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,

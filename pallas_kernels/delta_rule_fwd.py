@@ -2,14 +2,20 @@
 
 Two launches:
   intra_chunk  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk, the exact fp32
-               inverse A = (I + T)^-1, and Y = A (e * exp(G)), U = A z (chunk_math has the tree of
-               decay factors that keeps every exponent <= 0).
+               inverse A = (I + T)^-1, Y = A (e * exp(G)), U = A z (chunk_math has the tree of
+               decay factors that keeps every exponent <= 0), and the chunk's decays for the state
+               passes: q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass   grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
-               R = U - Y S, o = (q * exp(G)) S + A_qk R, S <- exp(G_C) S + (u * exp(G_C - G))^T R.
+               R = U - Y S, o = q~ S + A_qk R, S <- exp(G_C) S + u~^T R.
+
+The decays are formed once per chunk in intra_chunk rather than in every value tile of the state
+passes: those loops then read no g and take no exp. q~ and u~ travel in the io dtype, which is the
+rounding the state passes' dots gave them anyway.
 
 Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e: [B, T, H, K]; z: [B, T, H, V];
-g: [B, T, H, K] fp32 log decay; initial_state: [B, H, K, V] fp32. For the backward, intra_chunk can
-also return A [B, T, H, C] fp32 and state_pass the state entering every chunk [B, H, N, K, V] fp32.
+g: [B, T, H, K] fp32 log decay; initial_state: [B, H, K, V] fp32; exp(G_C): [B, N, H, K] fp32. For
+the backward, intra_chunk can also return A [B, T, H, C] fp32 and state_pass the state entering
+every chunk [B, H, N, K, V] fp32.
 """
 
 import functools
@@ -31,8 +37,8 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, *inverse_ref, scale, key_block,
-                        interpret):
+def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
+                        *inverse_ref, scale, key_block, interpret):
   f32 = jnp.float32
   dots = cm.precisions(z_ref.dtype, interpret)
   io = dots.io
@@ -52,8 +58,14 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   A = cm.unit_lower_inverse(T, dots)
 
   def y_block(i, carry):
+    keys = pl.ds(i * kb, kb)
     G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
-    y_ref[:, pl.ds(i * kb, kb)] = cm.dot(A, columns(e_ref, i, kb) * jnp.exp(G), io).astype(y_ref.dtype)
+    decay = jnp.exp(G)
+    y_ref[:, keys] = cm.dot(A, columns(e_ref, i, kb) * decay, io).astype(y_ref.dtype)
+    G_last = cm.last_row(G)
+    qd_ref[:, keys] = (columns(q_ref, i, kb) * (scale * decay)).astype(qd_ref.dtype)
+    ud_ref[:, keys] = (columns(u_ref, i, kb) * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
+    decay_ref[keys] = jnp.exp(G_last)
     return carry
 
   def u_block(j, carry):
@@ -72,15 +84,8 @@ def state_dot(io_dtype, interpret):
   return functools.partial(cm.dot, precision=cm.precisions(io_dtype, interpret).io)
 
 
-def chunk_decays(g, scale_q, q, u):
-  """(q * scale * exp(G), u * exp(G_C - G), exp(G_C) [K, 1]) of one chunk, g [C, K] fp32."""
-  G = jnp.cumsum(g, axis=0)
-  G_last = cm.last_row(G)
-  return q * (scale_q * jnp.exp(G)), u * jnp.exp(G_last[None, :] - G), jnp.exp(G_last)[:, None]
-
-
-def _state_pass_kernel(q_ref, u_ref, g_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *saved_refs, chunk_size,
-                       num_chunks, scale, sdot):
+def _state_pass_kernel(qd_ref, ud_ref, decay_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *saved_refs,
+                       chunk_size, num_chunks, sdot):
   f32 = jnp.float32
   C = chunk_size
 
@@ -88,13 +93,11 @@ def _state_pass_kernel(q_ref, u_ref, g_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref
     t = pl.ds(n * C, C)
     if saved_refs:
       saved_refs[0][n] = state
-    q_decayed, u_decayed, decay_last = chunk_decays(g_ref[t, :].astype(f32), scale, q_ref[t, :].astype(f32),
-                                                    u_ref[t, :].astype(f32))
     R = w_ref[t, :].astype(f32) - sdot(y_ref[t, :], state)
     if saved_refs:
       saved_refs[1][t, :] = R
-    o_ref[t, :] = (sdot(q_decayed, state) + sdot(aqk_ref[t, :], R)).astype(o_ref.dtype)
-    return decay_last * state + sdot(u_decayed.T, R)
+    o_ref[t, :] = (sdot(qd_ref[t, :], state) + sdot(aqk_ref[t, :], R)).astype(o_ref.dtype)
+    return decay_ref[n][:, None] * state + sdot(ud_ref[t, :].T, R)
 
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
@@ -108,18 +111,26 @@ def chunk_spec(C, d):
   return pl.BlockSpec((pl.squeezed, C, pl.squeezed, d), lambda b, h, n: (b, n, h, 0))
 
 
+def chunk_row_spec(K):
+  """[B, N, H, K] arrays (one row per chunk), one row per program of a (B, H, N) grid."""
+  return pl.BlockSpec((pl.squeezed, pl.squeezed, pl.squeezed, K), lambda b, h, n: (b, n, h, 0))
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "num_warps",
                                              "interpret"))
 def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, num_warps=4,
                 interpret=False):
-  """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C] (in z.dtype),
+  """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
+  q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32."""
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
-  out_shape = [jax.ShapeDtypeStruct((B, T, H, K), z.dtype), jax.ShapeDtypeStruct((B, T, H, V), z.dtype),
-               jax.ShapeDtypeStruct((B, T, H, C), z.dtype)]
-  out_specs = [chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C)]
+  key = jax.ShapeDtypeStruct((B, T, H, K), z.dtype)
+  out_shape = [key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), jax.ShapeDtypeStruct((B, T, H, C), z.dtype), key,
+               key, jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)]
+  out_specs = [chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C), chunk_spec(C, K), chunk_spec(C, K),
+               chunk_row_spec(K)]
   if save_inverse:
     out_shape.append(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32))
     out_specs.append(chunk_spec(C, C))
@@ -142,6 +153,11 @@ def seq_spec(T, d, block=None):
   return pl.BlockSpec((pl.squeezed, T, pl.squeezed, block), lambda b, h, j: (b, 0, h, j))
 
 
+def chunk_rows_spec(N, K):
+  """[B, N, H, K] arrays whole along N for a (B, H, d / block) grid."""
+  return pl.BlockSpec((pl.squeezed, N, pl.squeezed, K), lambda b, h, j: (b, 0, h, 0))
+
+
 def state_spec(K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, K, block_v), lambda b, h, j: (b, h, 0, j))
 
@@ -150,13 +166,13 @@ def states_spec(N, K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, N, K, block_v), lambda b, h, j: (b, h, 0, 0, j))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "block_v", "save_states", "num_warps",
-                                             "interpret"))
-def state_pass(q, u, g, y, w, aqk, initial_state, *, scale, chunk_size, block_v=32, save_states=False, num_warps=4,
+@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "interpret"))
+def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=32, save_states=False, num_warps=4,
                interpret=False):
-  """Sequential over chunks: o [B, T, H, V] in w.dtype, the final state [B, H, K, V] fp32, and with
-  save_states the state entering each chunk [B, H, N, K, V] fp32 and R = U - Y S [B, T, H, V] fp32."""
-  B, T, H, K = q.shape
+  """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
+  the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
+  fp32 and R = U - Y S [B, T, H, V] fp32."""
+  B, T, H, K = qd.shape
   V = w.shape[-1]
   N = T // chunk_size
   block_v = min(block_v, V)
@@ -166,16 +182,16 @@ def state_pass(q, u, g, y, w, aqk, initial_state, *, scale, chunk_size, block_v=
     out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32), jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
     out_specs += [states_spec(N, K, block_v), seq_spec(T, V, block_v)]
   return pl.pallas_call(
-      functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, scale=scale,
-                        sdot=state_dot(w.dtype, interpret)),
+      functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(w.dtype, interpret)),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
-      in_specs=[seq_spec(T, K)] * 4 + [seq_spec(T, V, block_v), seq_spec(T, chunk_size), state_spec(K, block_v)],
+      in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
+                                       seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_state_pass",
-  )(q, u, g, y, w, aqk, initial_state)
+  )(qd, ud, decay, y, w, aqk, initial_state)
 
 
 def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=32, interpret=False):
@@ -184,6 +200,6 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64, 128}.
   """
-  y, w, aqk = intra_chunk(q, u, e, z, g, scale=scale, chunk_size=chunk_size, interpret=interpret)
-  return state_pass(q, u, g, y, w, aqk, initial_state, scale=scale, chunk_size=chunk_size, block_v=block_v,
+  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, g, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,
                     interpret=interpret)

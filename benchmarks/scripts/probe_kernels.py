@@ -35,24 +35,26 @@ timed = Timer()
 print(f"B={B} T={T} H={H} K=V={K} C={C} bf16; {jax.devices()[0].device_kind}", flush=True)
 sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
-kw = dict(scale=scale, chunk_size=C, interpret=interpret)
+kw = dict(chunk_size=C, interpret=interpret)
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
 for kb in KEY_BLOCKS:
   timed(f"intra_chunk fwd save_inverse key_block={kb}",
-        lambda *a, kb=kb: intra_chunk(*a, save_inverse=True, key_block=kb, **kw), sets)
-y, w, aqk, A = intra_chunk(*sets[0], save_inverse=True, **kw)
+        lambda *a, kb=kb: intra_chunk(*a, save_inverse=True, key_block=kb, scale=scale, **kw), sets)
+y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
 q, u, e, z, g = sets[0]
-timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(q, u, g, y, w, aqk, h0)])
+timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
 timed("state_pass bv=32 save_states", lambda *a: state_pass(*a, block_v=32, save_states=True, **kw),
-      [(q, u, g, y, w, aqk, h0)])
-o, ht, states, r = state_pass(q, u, g, y, w, aqk, h0, save_states=True, **kw)
+      [(qd, ud, decay, y, w, aqk, h0)])
+o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
 d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
 d_ht = jnp.zeros_like(ht)
-timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw), [(q, u, g, y, aqk, d_o, d_ht)])
-d_r, dh0, d_states = state_pass_bwd(q, u, g, y, aqk, d_o, d_ht, **kw)
+timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw),
+      [(qd, ud, decay, y, aqk, d_o, d_ht)])
+d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
 bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
 for kb in KEY_BLOCKS:
-  timed(f"intra_chunk_bwd key_block={kb}", lambda *a, kb=kb: intra_chunk_bwd(*a, key_block=kb, **kw), bwd_args)
+  timed(f"intra_chunk_bwd key_block={kb}", lambda *a, kb=kb: intra_chunk_bwd(*a, key_block=kb, scale=scale, **kw),
+        bwd_args)
 
 # The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, at chunk sizes 64 and 32.
 for chunk in (64, 32):

@@ -24,14 +24,14 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   f32 = jnp.float32
   key, value, chunk = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, chunk_size)
-  kw = dict(scale=0.1, chunk_size=chunk_size)
+  decay = spec(B, N, H, K, d=f32)
+  kw = dict(chunk_size=chunk_size)
   kernels = [
-      (lambda *a: intra_chunk(*a, save_inverse=True, **kw), (key, key, key, value, spec(B, T, H, K, d=f32))),
-      (lambda *a: state_pass(*a, save_states=True, **kw),
-       (key, key, spec(B, T, H, K, d=f32), key, value, chunk, spec(B, H, K, V, d=f32))),
-      (lambda *a: state_pass_bwd(*a, **kw), (key, key, spec(B, T, H, K, d=f32), key, chunk, value,
-                                               spec(B, H, K, V, d=f32))),
-      (lambda *a: intra_chunk_bwd(*a, **kw),
+      (lambda *a: intra_chunk(*a, save_inverse=True, scale=0.1, **kw),
+       (key, key, key, value, spec(B, T, H, K, d=f32))),
+      (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32))),
+      (lambda *a: state_pass_bwd(*a, **kw), (key, key, decay, key, chunk, value, spec(B, H, K, V, d=f32))),
+      (lambda *a: intra_chunk_bwd(*a, scale=0.1, **kw),
        (key, key, key, value, spec(B, T, H, K, d=f32), key, spec(B, T, H, V, d=f32),
         spec(B, T, H, chunk_size, d=f32), spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value,
         spec(B, T, H, V, d=f32))),
