@@ -12,6 +12,13 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# fla's autotuning (~130 s per mixer and shape) is kept between calls: Triton caches each result as a
+# small *.autotune.json; the call leaves them in $OUT/fla_autotune.tgz. Copy that file to the repository
+# root as .fla_autotune.tgz (git-excluded) and carry it next time: fla then compiles only the config its
+# own autotuning picked on this device type, with the same triton and fla.
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .fla_autotune.tgz ] && tar xzf .fla_autotune.tgz -C "$TRITON_CACHE_DIR"
 OUT=${OUT:-/tmp/out}
 RES=/tmp/results
 mkdir -p "$OUT" "$RES"
@@ -20,6 +27,7 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
   echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"
   timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
   tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints .
+  (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar czf "$OUT/fla_autotune.tgz" -T -)
 }
 mqar_runs() {  # mqar_runs NAME LIMIT "VARIANTS" OVERRIDES...: pallas MQAR runs (2 layers, width 256), then a summary
   local name=$1 limit=$2 variants=$3 workdirs=(); shift 3
