@@ -30,7 +30,7 @@ from pallas_kernels.chunk_math import F32_DOT, iota
 
 
 def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref, keep_ref, slot_write_ref,
-            first_ref, v_ref, table_in_ref, table_ref, o_ref, rows_ref, *, num_chunks, interpret):
+            first_ref, v_ref, table_in_ref, table_ref, o_ref, *rows_ref, num_chunks, interpret):
   del table_in_ref  # aliased with table_ref
   f32 = jnp.float32
   C = solve_ref.shape[-1]
@@ -48,7 +48,8 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
     def read(t, acc):
       r0, o_read = acc
       rows_k = table_ref[at_rows(k_idx_ref[n, t, :])]
-      rows_ref[n, t] = rows_k
+      if rows_ref:
+        rows_ref[0][n, t] = rows_k
       r0_t = jnp.sum(r0_coef_ref[n, t, :][:, None] * rows_k, axis=0, keepdims=True)
       o_t = jnp.sum(read_coef_ref[n, t, :][:, None] * table_ref[at_rows(q_idx_ref[n, t, :])], axis=0, keepdims=True)
       return jnp.where(row == t, r0_t, r0), jnp.where(row == t, o_t, o_read)
@@ -72,11 +73,12 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
   jax.lax.fori_loop(0, num_chunks, chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "interpret"))
-def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, *, block_v=64,
-                     interpret=False):
-  """Returns (final table [B, H, N, V] fp32, o [B, H, Nc, C, V] in v.dtype, rows [B, H, Nc, C, W, V] fp32: the
-  chunk-start rows at k_idx)."""
+@functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "interpret"))
+def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, *,
+                     save_rows=True, block_v=64, interpret=False):
+  """Returns (final table [B, H, N, V] fp32, o [B, H, Nc, C, V] in v.dtype) and with save_rows the rows the
+  backward needs, rows [B, H, Nc, C, W, V] fp32: the chunk-start rows at k_idx (T x W x V per head, the
+  largest array of the op: a forward without a gradient leaves them out)."""
   B, H, N, V = table.shape
   _, _, Nc, C, W = k_idx.shape
   R = q_idx.shape[-1]
@@ -84,15 +86,19 @@ def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep,
   sq = pl.squeezed
   per_head = lambda *shape: pl.BlockSpec((sq, sq, *shape), lambda b, h, j: (b, h) + (0,) * len(shape))
   tile = lambda *shape: pl.BlockSpec((sq, sq, *shape, block_v), lambda b, h, j: (b, h) + (0,) * len(shape) + (j,))
+  out_shape = [jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, Nc, C, V), v.dtype)]
+  out_specs = [tile(N), tile(Nc, C)]
+  if save_rows:
+    out_shape.append(jax.ShapeDtypeStruct((B, H, Nc, C, W, V), jnp.float32))
+    out_specs.append(tile(Nc, C, W))
   return pl.pallas_call(
       functools.partial(_kernel, num_chunks=Nc, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, Nc, C, V), v.dtype),
-                 jax.ShapeDtypeStruct((B, H, Nc, C, W, V), jnp.float32)),
+      out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
       in_specs=[per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, C),
                 per_head(Nc, C, C), per_head(Nc, C, W), per_head(Nc, C, W, C), per_head(Nc, C, W), tile(Nc, C),
                 tile(N)],
-      out_specs=(tile(N), tile(Nc, C), tile(Nc, C, W)),
+      out_specs=tuple(out_specs),
       input_output_aliases={10: 0},
       compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,

@@ -47,19 +47,24 @@ def _kernel_inputs(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
   return kernel_args, (floats, ints)
 
 
-def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
+def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save):
+  """(o, final table) and, with save, the backward's residuals (the kernel then also writes the rows)."""
   kernel_args, (floats, ints) = _kernel_inputs(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
-  final, o, rows = sparse_delta_fwd(table, *kernel_args, interpret=jax.default_backend() != "gpu")
+  final, o, *rows = sparse_delta_fwd(table, *kernel_args, save_rows=save, interpret=jax.default_backend() != "gpu")
   o = _from_chunks(jnp.moveaxis(o, 2, 0))
-  return (o, final), (final, jnp.moveaxis(rows, 2, 0), floats, ints)
+  return (o, final), ((final, jnp.moveaxis(rows[0], 2, 0), floats, ints) if save else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _sparse_delta_pallas(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
-  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)[0]
+  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save=False)[0]
 
 
-_sparse_delta_pallas.defvjp(_forward, _bwd)
+def _fwd(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
+  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save=True)
+
+
+_sparse_delta_pallas.defvjp(_fwd, _bwd)
 
 
 def _pad_entries(idx, w):
