@@ -9,9 +9,6 @@ k=128, sub-key dim 128. On a CPU backend every size shrinks unless given. Writes
 <out_dir>/<date>_<tag>.{json,md}; each measurement is written as soon as it is made.
 """
 
-import json
-import os
-
 from absl import app, flags, logging
 import jax
 
@@ -49,10 +46,10 @@ def main(argv):
   n = int(round(FLAGS.num_slots**0.5))
   if n * n != FLAGS.num_slots:
     raise app.UsageError(f"--num_slots: expected a perfect square, got {FLAGS.num_slots}")
-  meta = run_metadata()
+  config = {name: FLAGS[name].value for name in ("shape", "sdm_heads", "num_slots", "value_dim", "topk", "gdn_heads",
+                                                  "gdn_head_dim", "address_rows", "address_dim", "impls", "reps")}
+  meta = {**run_metadata(), "config": config}
   rows = []
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  base = os.path.join(FLAGS.out_dir, f"{meta['date'][:10]}_{FLAGS.tag}")
 
   def record(name, fn, **kw):
     print(f"{name}: compiling and timing...", flush=True)
@@ -61,16 +58,9 @@ def main(argv):
     except Exception as error:  # record it and go on with the rest
       result = {"error": error_text(error)}
     rows.append({"what": name, **result})
-    with open(base + ".json", "w") as f:
-      json.dump({**meta, "rows": rows}, f, indent=2)
-    table = ["| what | fwd ms | fwd+bwd ms | note |", "|---|---|---|---|"]
-    for r in rows:
-      cell = lambda key: f"{r[key]:.3f}" if key in r else "-"
-      table.append(f"| {r['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {r.get('error', '')} |")
-    with open(base + ".md", "w") as f:
-      f.write(f"# {FLAGS.tag}\n\n- date: `{meta['date']}`\n- device: `{meta['device']}`\n"
-              f"- command: `{meta['command']}`\n\n" + "\n".join(table) + "\n")
-    print("\n".join(table[-1:]), flush=True)
+    paths = sdm_bench.write_report(rows, meta, FLAGS.out_dir, FLAGS.tag)
+    print(sdm_bench.format_table(rows[-1:]).splitlines()[-1], flush=True)
+    return paths
 
   H, N, V, W = FLAGS.sdm_heads, FLAGS.num_slots, FLAGS.value_dim, FLAGS.topk
   K = FLAGS.gdn_head_dim
@@ -80,10 +70,10 @@ def main(argv):
     record(f"gdn {impl} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
            H=FLAGS.gdn_heads, K=K, V=K, impl=impl, reps=FLAGS.reps)
   for impl in ("xla", "pallas"):
-    record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",
-           sdm_bench.time_addressing, rows=FLAGS.address_rows, heads=H, n=n, k=W, dim=FLAGS.address_dim, impl=impl,
-           reps=FLAGS.reps)
-  print(f"\nwrote {base}.json, {base}.md")
+    paths = record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",
+                   sdm_bench.time_addressing, rows=FLAGS.address_rows, heads=H, n=n, k=W, dim=FLAGS.address_dim,
+                   impl=impl, reps=FLAGS.reps)
+  print(f"\nwrote {paths['json']}, {paths['md']}")
 
 
 if __name__ == "__main__":

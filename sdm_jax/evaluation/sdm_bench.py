@@ -7,7 +7,7 @@ import numpy as np
 
 from sdm_jax.evaluation.op_bench import time_impl
 from sdm_jax.evaluation.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.evaluation.timing import compile_timed, median_ms, write_tables
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 
 INPUT_SETS = 3
@@ -64,3 +64,18 @@ def time_addressing(rows, heads, n, k, dim, *, impl, reps=10, seed=0):
           for _ in range(INPUT_SETS)]
   fwd, compile_s = compile_timed(lambda *xs: product_key_address(*xs, k, impl=impl), *sets[0])
   return {"compile_s": compile_s, "fwd_ms": median_ms(fwd, sets, reps)}
+
+
+def format_table(rows):
+  """Markdown table of bench rows ({"what", fwd_ms?, fwd_bwd_ms?, error?}); a missing time is '-'."""
+  lines = ["| what | fwd ms | fwd+bwd ms | note |", "|---|---|---|---|"]
+  for row in rows:
+    cell = lambda key: f"{row[key]:.3f}" if row.get(key) is not None else "-"
+    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {row.get('error', '')} |")
+  return "\n".join(lines)
+
+
+def write_report(rows, meta, out_dir, tag):
+  """Writes <out_dir>/<date>_<tag>.{json,md}; returns their paths."""
+  paths = write_tables(rows, meta, out_dir, tag, "Sparse Delta Memory", [], format_table(rows))
+  return {ext: paths[ext] for ext in ("json", "md")}

@@ -94,3 +94,17 @@ def test_sdm_bench_times_every_part():
   for timings, keys in ((sdm, ("fwd_ms", "fwd_bwd_ms", "compile_fwd_s")), (address, ("fwd_ms", "compile_s"))):
     for key in keys:
       assert 0 < timings[key] < 1e5, (key, timings)
+
+
+def test_sdm_report_lists_times_and_errors(tmp_path):
+  from sdm_jax.evaluation import sdm_bench
+  rows = [{"what": "sdm chunk", "fwd_ms": 1.5, "fwd_bwd_ms": 4.25}, {"what": "addressing", "fwd_ms": 2.0},
+          {"what": "sdm pallas", "error": "ValueError: nope"}]
+  paths = sdm_bench.write_report(rows, {**run_metadata(), "config": {"reps": 2}}, str(tmp_path), "tiny")
+  with open(paths["json"]) as f:
+    assert json.load(f)["results"] == rows
+  with open(paths["md"]) as f:
+    markdown = f.read()
+  assert "| sdm chunk | 1.500 | 4.250 |  |" in markdown
+  assert "| addressing | 2.000 | - |  |" in markdown
+  assert "| sdm pallas | - | - | ValueError: nope |" in markdown
