@@ -90,23 +90,26 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
   zeros = jnp.zeros((C, C), f32)
   d_aqk, d_a = jax.lax.fori_loop(0, V // vb, v_block, (zeros, zeros))
 
-  def key_block(i):
-    """(G, state block [kb, V] products) of key block i: dY = -dR S^T, dQ~ = dO S^T, dW = R dS^T, d exp(G_C)."""
+  def key_block(i, all_products=True):
+    """(G, state block [kb, V] products) of key block i: dY = -dR S^T, and with all_products also
+    dQ~ = dO S^T, dW = R dS^T and d exp(G_C) (the first pass over key blocks needs only dY)."""
     keys = pl.ds(i * kb, kb)
     d_y, d_qd, d_w = (jnp.zeros((C, kb), f32) for _ in range(3))
     d_decay = jnp.zeros((kb,), f32)
     for j in range(V // vb):
       values = pl.ds(j * vb, vb)
-      state, d_state = s_ref[keys, values], ds_ref[keys, values]
+      state = s_ref[keys, values]
       d_y -= cm.dot(columns(dr_ref, j, vb), state.T, io)
-      d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
-      d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
-      d_decay += jnp.sum(state * d_state, axis=1)
+      if all_products:
+        d_state = ds_ref[keys, values]
+        d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
+        d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
+        d_decay += jnp.sum(state * d_state, axis=1)
     return jnp.cumsum(columns(g_ref, i, kb), axis=0), d_y, d_qd, d_w, d_decay
 
   # Y = A (e * exp(G)): dA += dY (e * exp(G))^T, over all key blocks before dT can be formed.
   def d_a_block(i, d_a):
-    G, d_y, _, _, _ = key_block(i)
+    G, d_y, _, _, _ = key_block(i, all_products=False)
     return d_a + cm.dot(d_y, (columns(e_ref, i, kb) * jnp.exp(G)).T, io)
 
   d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, d_a_block, d_a), 0.0)
