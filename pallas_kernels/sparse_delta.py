@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.chunk_math import F32_DOT, iota
+from pallas_kernels import chunk_math as cm
 
 
 def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref, keep_ref, slot_write_ref,
@@ -35,10 +35,9 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
   f32 = jnp.float32
   C = solve_ref.shape[-1]
   bv = v_ref.shape[-1]
-  row = iota((C, bv), 0)
-  cols = jax.lax.broadcasted_iota(jnp.int32, (1, bv), 1)
-  precision = jax.lax.Precision.HIGHEST if interpret else F32_DOT
-  dot = lambda a, b: jnp.dot(a, b, precision=precision, preferred_element_type=f32)
+  row = cm.iota((C, bv), 0)
+  cols = cm.iota((1, bv), 1)
+  dot = functools.partial(cm.dot, precision=cm.precisions(jnp.float32, interpret).near)
   # The interpreter runs a program's memory operations in order; on the GPU the warps need a barrier.
   barrier = (lambda: None) if interpret else pltriton.debug_barrier
   # Rows of the table's column tile at a vector of slot indices (both indexers arrays: a gather).
