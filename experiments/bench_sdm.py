@@ -1,4 +1,5 @@
-r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs, and product-key
+r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs, the table-row
+traffic alone (the floor any SDM forward pays: sdm_bench.time_row_traffic), and product-key
 addressing through the Pallas kernel and through XLA's top-k.
 
   python -m experiments.bench_sdm        # SPEC.md section 3 / issue shapes on a GPU
@@ -69,6 +70,8 @@ def main(argv):
            impl=impl, reps=FLAGS.reps)
     record(f"gdn {impl} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
            H=FLAGS.gdn_heads, K=K, V=K, impl=impl, reps=FLAGS.reps)
+  record(f"sdm row traffic floor {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_row_traffic, B=B, T=T, H=H,
+         N=N, V=V, W=W, R=W, reps=FLAGS.reps)
   for impl in ("xla", "pallas"):
     paths = record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",
                    sdm_bench.time_addressing, rows=FLAGS.address_rows, heads=H, n=n, k=W, dim=FLAGS.address_dim,

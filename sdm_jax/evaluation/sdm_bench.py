@@ -1,5 +1,6 @@
 """Timing Sparse Delta Memory: the op (forward, forward+backward) next to the dense GDN op at
-matching FLOPs, and product-key addressing through the Pallas kernel and through XLA."""
+matching FLOPs, the row traffic any SDM forward must move, and product-key addressing through the
+Pallas kernel and through XLA."""
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,47 @@ def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=
           "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps)}
 
 
+def row_traffic(m0, k_idx, k_w, v, g, beta, q_idx, q_w):
+  """Only the table-row traffic of the SDM forward, every token against the start table.
+
+  Arguments as sparse_delta_rule's (m0: [H, N, V]). Each token gathers its W write rows and forms
+  the delta prediction r = exp(g) sum_w k_w M[k_idx] and d = beta (v - r); the rows at k_idx are
+  then set to k_w d, and o = sum_r q_w M[q_idx] is read after all the writes. The written row lacks
+  the op's exp(g) M[i] term: keeping the gathered rows until the scatter would make XLA
+  materialise them or gather them twice, which a kernel holding them on chip does not pay. Where
+  a slot is written twice, which write lands is unspecified; the traffic is the same.
+  Returns (o [B, T, H, V] fp32, table [B, H, N, V] fp32).
+  """
+  B, _, H, _ = v.shape
+  table = jnp.broadcast_to(m0.astype(jnp.float32), (B, *m0.shape))
+  b = jnp.arange(B)[:, None, None, None]
+  h = jnp.arange(H)[None, None, :, None]
+  # An elementwise product and a sum, not an einsum, so that XLA can fuse the gather into the
+  # reduction instead of materialising the gathered rows for a dot.
+  r = jnp.exp(g)[..., None] * jnp.sum(k_w[..., None] * table[b, h, k_idx], axis=-2)
+  d = beta[..., None] * (v.astype(jnp.float32) - r)
+  table = table.at[b, h, k_idx].set(k_w[..., None] * d[..., None, :])
+  return jnp.sum(q_w[..., None] * table[b, h, q_idx], axis=-2), table
+
+
+def time_row_traffic(B, T, H, N, V, W, R, *, reps=10, seed=0):
+  """{compile_s, fwd_ms, row_bytes, row_gb_per_s} of row_traffic on sdm_inputs: the least time an
+  SDM forward that reads the W + R rows and writes the W rows of every token can take here.
+
+  row_bytes = B T H (2 W + R) V 4 (fp32 rows gathered, then written); broadcasting m0 to the
+  batch's table (B H N V x 4 bytes written) is timed but not counted, as in the op. Where XLA
+  does not fuse the gathers into their weighted sums it materialises [B, T, H, W, V] and
+  [B, T, H, R, V] fp32 (17 GB each at B=4, T=4096, H=2, W=R=128, V=1024; that fits an H200) and
+  the extra traffic raises the time, so the floor is over-estimated, never under. The CPU backend
+  does materialise both (compiled temp memory = the two gathers); a GPU compile is unchecked.
+  """
+  sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
+  fwd, compile_s = compile_timed(lambda floats, ints: row_traffic(**floats, **ints), *sets[0])
+  fwd_ms = median_ms(fwd, sets, reps)
+  row_bytes = B * T * H * (2 * W + R) * V * 4
+  return {"compile_s": compile_s, "fwd_ms": fwd_ms, "row_bytes": row_bytes, "row_gb_per_s": row_bytes / fwd_ms / 1e6}
+
+
 def time_dense(mixer, B, T, H, K, V, *, impl="chunk", chunk_size=64, reps=10, seed=0):
   """The same timings for a dense mixer (bf16 inputs), through the bench_ops path."""
   built = [make_op_inputs(mixer, B, T, H, K, V, "bfloat16", seed + 10 * i, initial_state=False)
@@ -67,11 +109,15 @@ def time_addressing(rows, heads, n, k, dim, *, impl, reps=10, seed=0):
 
 
 def format_table(rows):
-  """Markdown table of bench rows ({"what", fwd_ms?, fwd_bwd_ms?, error?}); a missing time is '-'."""
+  """Markdown table of bench rows ({"what", fwd_ms?, fwd_bwd_ms?, error?, row_bytes?}); a missing time
+  is '-'; a row traffic row notes its bytes and bandwidth."""
   lines = ["| what | fwd ms | fwd+bwd ms | note |", "|---|---|---|---|"]
   for row in rows:
     cell = lambda key: f"{row[key]:.3f}" if row.get(key) is not None else "-"
-    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {row.get('error', '')} |")
+    note = row.get("error", "")
+    if "row_bytes" in row:
+      note = f"{row['row_bytes'] / 1e9:.3g} GB of rows at {row['row_gb_per_s']:.0f} GB/s"
+    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {note} |")
   return "\n".join(lines)
 
 

@@ -96,10 +96,40 @@ def test_sdm_bench_times_every_part():
       assert 0 < timings[key] < 1e5, (key, timings)
 
 
+def test_row_traffic_gathers_writes_and_reads_the_rows():
+  from sdm_jax.evaluation import sdm_bench
+  B, T, H, N, V, W, R = 2, 4, 2, 64, 8, 3, 5
+  floats, ints = sdm_bench.sdm_inputs(B, T, H, N, V, W, R, seed=3)
+  rng = np.random.default_rng(4)  # distinct written slots per (b, h): which duplicate write lands is unspecified
+  k_idx = np.stack([np.stack([rng.permutation(N)[:T * W].reshape(T, W) for _ in range(H)], 1) for _ in range(B)])
+  ints = {**ints, "k_idx": jnp.asarray(k_idx, jnp.int32)}
+  o, table = jax.jit(lambda floats, ints: sdm_bench.row_traffic(**floats, **ints))(floats, ints)
+  f = {name: np.asarray(x, np.float64) for name, x in floats.items()}
+  q_idx = np.asarray(ints["q_idx"])
+  want_table = np.broadcast_to(f["m0"], (B, H, N, V)).copy()
+  want_o = np.zeros((B, T, H, V))
+  for b in range(B):
+    for h in range(H):
+      for t in range(T):
+        r = np.exp(f["g"][b, t, h]) * sum(f["k_w"][b, t, h, w] * f["m0"][h, k_idx[b, t, h, w]] for w in range(W))
+        d = f["beta"][b, t, h] * (f["v"][b, t, h] - r)
+        for w in range(W):
+          want_table[b, h, k_idx[b, t, h, w]] = f["k_w"][b, t, h, w] * d
+      for t in range(T):
+        want_o[b, t, h] = sum(f["q_w"][b, t, h, j] * want_table[b, h, q_idx[b, t, h, j]] for j in range(R))
+  np.testing.assert_allclose(table, want_table, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(o, want_o, rtol=1e-5, atol=1e-6)
+  timings = sdm_bench.time_row_traffic(B, T, H, N, V, W, R, reps=2)
+  assert 0 < timings["fwd_ms"] < 1e5 and 0 < timings["compile_s"] < 1e5, timings
+  assert timings["row_bytes"] == B * T * H * (W + R + W) * V * 4
+  np.testing.assert_allclose(timings["row_gb_per_s"], timings["row_bytes"] / (timings["fwd_ms"] * 1e-3) / 1e9)
+
+
 def test_sdm_report_lists_times_and_errors(tmp_path):
   from sdm_jax.evaluation import sdm_bench
   rows = [{"what": "sdm chunk", "fwd_ms": 1.5, "fwd_bwd_ms": 4.25}, {"what": "addressing", "fwd_ms": 2.0},
-          {"what": "sdm pallas", "error": "ValueError: nope"}]
+          {"what": "sdm pallas", "error": "ValueError: nope"},
+          {"what": "row traffic", "fwd_ms": 2.0, "row_bytes": 51_539_607_552, "row_gb_per_s": 25769.8}]
   paths = sdm_bench.write_report(rows, {**run_metadata(), "config": {"reps": 2}}, str(tmp_path), "tiny")
   with open(paths["json"]) as f:
     assert json.load(f)["results"] == rows
@@ -108,3 +138,4 @@ def test_sdm_report_lists_times_and_errors(tmp_path):
   assert "| sdm chunk | 1.500 | 4.250 |  |" in markdown
   assert "| addressing | 2.000 | - |  |" in markdown
   assert "| sdm pallas | - | - | ValueError: nope |" in markdown
+  assert "| row traffic | 2.000 | - | 51.5 GB of rows at 25770 GB/s |" in markdown
