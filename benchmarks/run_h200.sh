@@ -47,7 +47,7 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-16,32,64} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
+      run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
       for dt in ${KERNEL_DTYPES:-bfloat16 float32}; do
         for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2 fg2_plus}; do

@@ -12,6 +12,12 @@ block's midpoint m (the last row of its first half) as
 
 so each level is one masked dot and no exponent is ever positive (strong decay stays finite; the
 masks are applied before exp). The diagonal pair c = r has decay 1.
+
+The tree stops at blocks of SUB_BLOCK rows: a level of block b fills only b / (4 C) of the [C, C]
+matrix, so the small levels would be full dots for a few entries. Pairs inside one SUB_BLOCK-row
+block are formed elementwise instead, one column offset j at a time: every row r is paired with
+row j of its own block, exp(G_r - G_c) is taken directly (c < r, so the exponent is <= 0) and the
+products are summed over the key channels.
 """
 
 from typing import NamedTuple
@@ -23,6 +29,7 @@ import jax.numpy as jnp
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 # io products of bf16 inputs: operands rounded to bf16, fp32 accumulation (the bf16 error budget is 1e-2).
 BF16_OPERANDS = "bf16 operands"
+SUB_BLOCK = 16  # rows of the blocks whose pairs are formed elementwise (the tree's dots cover larger blocks)
 
 
 class Dots(NamedTuple):
@@ -51,9 +58,9 @@ def iota(shape, axis):
   return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def block_sizes(C):
-  """The tree's block sizes C, C/2, ..., 2."""
-  return [C >> i for i in range(C.bit_length() - 1)]
+def block_sizes(C, sub=1):
+  """The tree's block sizes C, C/2, ..., down to 2 * sub (sub = 1: every level)."""
+  return [b for b in (C >> i for i in range(C.bit_length() - 1)) if b > sub]
 
 
 def pair_mask(C, b):
@@ -80,11 +87,79 @@ def level_factors(G, b):
   return row_factor, col_factor
 
 
-def decayed_grams(xs, y, G, precision):
+def row_of_block(x, j, sub):
+  """[C, K] -> [C, K]: row j of every sub-row block of x, repeated over its block."""
+  C, K = x.shape
+  blocks = x.reshape(C // sub, sub, K)
+  row = jnp.sum(jnp.where(iota(blocks.shape, 1) == j, blocks, 0.0), axis=1, keepdims=True)
+  return jnp.broadcast_to(row, blocks.shape).reshape(C, K)
+
+
+def block_decay(G, j, sub):
+  """[C, K] exp(G_r - G_c) with c row j of r's sub-row block, on rows r after it (else 0)."""
+  later = (iota(G.shape, 0) % sub) > j
+  return jnp.where(later, jnp.exp(jnp.where(later, G - row_of_block(G, j, sub), 0.0)), 0.0)
+
+
+def offset_column(x, j, sub):
+  """Column j of x [C, sub] as [C, 1]."""
+  return jnp.sum(jnp.where(iota(x.shape, 1) == j, x, 0.0), axis=1, keepdims=True)
+
+
+def place_blocks(D):
+  """D [C, sub] (D[r, j]: the pair of row r with row j of its block) -> [C, C] block diagonal."""
+  C, sub = D.shape
+  tiled = jnp.broadcast_to(D[:, None, :], (C, C // sub, sub)).reshape(C, C)
+  return jnp.where(iota((C, C), 0) // sub == iota((C, C), 1) // sub, tiled, 0.0)
+
+
+def take_blocks(M, sub):
+  """[C, C] -> [C, sub]: the block-diagonal entries, D[r, j] = M[r, sub * (r // sub) + j]."""
+  C = M.shape[0]
+  blocks = M.reshape(C, C // sub, sub)
+  return jnp.sum(jnp.where(iota(blocks.shape, 1) == iota(blocks.shape, 0) // sub, blocks, 0.0), axis=1)
+
+
+def block_grams(xs, y, G, sub):
+  """The pairs c < r inside one sub-row block of `decayed_grams`, elementwise in fp32: [C, C] per x."""
+  C = G.shape[0]
+
+  def offset(j, Ds):
+    yd = row_of_block(y, j, sub) * block_decay(G, j, sub)
+    pick = iota((C, sub), 1) == j
+    return tuple(D + jnp.where(pick, jnp.sum(x * yd, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
+
+  Ds = jax.lax.fori_loop(0, sub - 1, offset, tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs))
+  return [place_blocks(D) for D in Ds]
+
+
+def block_grams_bwd(pairs, y, G, sub):
+  """Backward of `block_grams`: ([dx], dy), pairs [(x, dM)] with dM [C, C] (only its blocks are read)."""
+  C, K = G.shape
+  dDs = [take_blocks(dm, sub) for _, dm in pairs]
+
+  def offset(j, carry):
+    dxs, dy = carry
+    E = block_decay(G, j, sub)
+    y_j = row_of_block(y, j, sub)
+    dms = [offset_column(dD, j, sub) for dD in dDs]
+    dxs = tuple(dx + dm * y_j * E for dx, dm in zip(dxs, dms))
+    # Row j of each block gathers its pairs' terms summed over the block's later rows.
+    to_j = sum(dm * x * E for dm, (x, _) in zip(dms, pairs)).reshape(C // sub, sub, K)
+    summed = jnp.broadcast_to(jnp.sum(to_j, axis=1, keepdims=True), to_j.shape).reshape(C, K)
+    return dxs, dy + jnp.where(iota((C, K), 0) % sub == j, summed, 0.0)
+
+  zeros = jnp.zeros((C, K), jnp.float32)
+  dxs, dy = jax.lax.fori_loop(0, sub - 1, offset, (tuple(zeros for _ in pairs), zeros))
+  return list(dxs), dy
+
+
+def decayed_grams(xs, y, G, precision, sub=SUB_BLOCK):
   """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower)."""
   C = G.shape[0]
-  grams = [jnp.zeros((C, C), jnp.float32) for _ in xs]
-  for b in block_sizes(C):
+  sub = min(sub, C)
+  grams = block_grams(xs, y, G, sub)
+  for b in block_sizes(C, sub):
     row_factor, col_factor = level_factors(G, b)
     mask = pair_mask(C, b)
     y_col = (y * col_factor).T
@@ -92,7 +167,7 @@ def decayed_grams(xs, y, G, precision):
   return grams
 
 
-def decayed_grams_bwd(pairs, y, G, precision, loop_index):
+def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=SUB_BLOCK):
   """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
 
   loop_index: the index of the enclosing loop over key blocks. The level masks depend on it so the
@@ -104,9 +179,9 @@ def decayed_grams_bwd(pairs, y, G, precision, loop_index):
   the g it spans once dG is reverse-cumsummed.
   """
   C = G.shape[0]
-  dxs = [jnp.zeros_like(x) for x, _ in pairs]
-  dy = jnp.zeros_like(y)
-  for b in block_sizes(C):
+  sub = min(sub, C)
+  dxs, dy = block_grams_bwd(pairs, y, G, sub)
+  for b in block_sizes(C, sub):
     row_factor, col_factor = level_factors(G, b)
     mask = pair_mask(C, b) & (loop_index >= 0)
     y_col = y * col_factor

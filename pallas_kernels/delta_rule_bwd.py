@@ -70,7 +70,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, key_block, interpret):
+                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, key_block, sub_block, interpret):
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -126,7 +126,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
     G_last = cm.last_row(G)[None, :]
     to_end = jnp.exp(G_last - G)
     d_e_decayed = cm.dot(A.T, d_y, io)
-    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i)
+    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sub_block)
     d_e += decay * d_e_decayed
     d_q += decay * d_qd + d_aqk_diag * u
     d_u += to_end * d_w + d_aqk_diag * q
@@ -142,9 +142,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
   jax.lax.fori_loop(0, K // kb, grad_block, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "interpret"))
 def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=KEY_BLOCK,
-                    num_warps=4, interpret=False):
+                    sub_block=cm.SUB_BLOCK, num_warps=4, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   y, A: from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
@@ -157,7 +157,8 @@ def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
   return pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block, interpret=interpret),
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block, sub_block=sub_block,
+                        interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
           jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32)),
       grid=(B, H, T // C),

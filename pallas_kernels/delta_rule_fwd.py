@@ -38,7 +38,7 @@ def columns(ref, i, width):
 
 
 def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
-                        *inverse_ref, scale, key_block, interpret):
+                        *inverse_ref, scale, key_block, sub_block, interpret):
   f32 = jnp.float32
   dots = cm.precisions(z_ref.dtype, interpret)
   io = dots.io
@@ -50,7 +50,7 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   def gram_block(i, acc):
     G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
     q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
-    T, A_qk = cm.decayed_grams([e, q], u, G, io)
+    T, A_qk = cm.decayed_grams([e, q], u, G, io, sub_block)
     return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
 
   zeros = jnp.zeros((C, C), f32)
@@ -116,10 +116,10 @@ def chunk_row_spec(K):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, pl.squeezed, K), lambda b, h, n: (b, n, h, 0))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "num_warps",
-                                             "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, num_warps=4,
-                interpret=False):
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
+                                             "num_warps", "interpret"))
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, sub_block=cm.SUB_BLOCK,
+                num_warps=4, interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32."""
@@ -135,7 +135,8 @@ def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_blo
     out_shape.append(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32))
     out_specs.append(chunk_spec(C, C))
   return pl.pallas_call(
-      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block, interpret=interpret),
+      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block, sub_block=sub_block,
+                        interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],

@@ -1,7 +1,7 @@
-"""Probe (2026-11-29, sessions 3 and 4): time each Pallas kernel of impl="pallas", forward and backward,
+"""Probe (2026-11-29, sessions 3 to 5): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
-  KEY_BLOCKS=16,32,64 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
 GDN-2 inputs (K = V = 128, chunk 64), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3
 rotated input sets (wall clock around block_until_ready).
@@ -37,9 +37,12 @@ sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
 kw = dict(chunk_size=C, interpret=interpret)
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
-for kb in KEY_BLOCKS:
-  timed(f"intra_chunk fwd save_inverse key_block={kb}",
-        lambda *a, kb=kb: intra_chunk(*a, save_inverse=True, key_block=kb, scale=scale, **kw), sets)
+SUB_BLOCKS = [int(x) for x in os.environ.get("SUB_BLOCKS", "16").split(",")]
+variants = [(kb, sb) for kb in KEY_BLOCKS for sb in SUB_BLOCKS]
+for kb, sb in variants:
+  timed(f"intra_chunk fwd save_inverse key_block={kb} sub_block={sb}",
+        lambda *a, kb=kb, sb=sb: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, scale=scale, **kw),
+        sets)
 y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
 q, u, e, z, g = sets[0]
 timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
@@ -52,9 +55,9 @@ timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw),
       [(qd, ud, decay, y, aqk, d_o, d_ht)])
 d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
 bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
-for kb in KEY_BLOCKS:
-  timed(f"intra_chunk_bwd key_block={kb}", lambda *a, kb=kb: intra_chunk_bwd(*a, key_block=kb, scale=scale, **kw),
-        bwd_args)
+for kb, sb in variants:
+  timed(f"intra_chunk_bwd key_block={kb} sub_block={sb}",
+        lambda *a, kb=kb, sb=sb: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, scale=scale, **kw), bwd_args)
 
 # The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, at chunk sizes 64 and 32.
 for chunk in (64, 32):

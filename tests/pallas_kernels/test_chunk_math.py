@@ -35,3 +35,46 @@ def test_newton_step_restores_fp32_accuracy_after_coarse_level_merges(C, seed):
   all_coarse = cm.Dots(near=cm.BF16_OPERANDS, io=highest, tf32=cm.BF16_OPERANDS)
   assert _inverse_error(T, all_coarse) > 1e-4  # the coarse merges alone are far from fp32
   assert _inverse_error(T, coarse_levels) < 1e-5
+
+
+def _brute_gram(x, y, G):
+  """M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) for c < r, in float64."""
+  C = G.shape[0]
+  expo = G[:, None, :] - G[None, :, :]
+  lower = np.tril(np.ones((C, C), bool), -1)[:, :, None]
+  return np.sum(np.where(lower, x[:, None, :] * y[None, :, :] * np.exp(np.where(lower, expo, 0.0)), 0.0), axis=-1)
+
+
+@pytest.mark.parametrize("C,sub", [(16, 16), (64, 16), (64, 8), (32, 32)])
+@pytest.mark.parametrize("decay", [0.05, 30.0])  # per-step log decay scale: mild, and the SPEC's strongest
+def test_decayed_grams_elementwise_blocks_and_tree_match_brute_force(C, sub, decay):
+  """Pairs inside sub-row blocks (elementwise) and across them (the tree's dots) together give every
+  pair c < r once, forward and backward, also with g down to -30 per step (no inf, no NaN)."""
+  r = np.random.default_rng(C + sub)
+  K = 16
+  x1, x2, y = (r.normal(size=(C, K)) for _ in range(3))
+  G = np.cumsum(-decay * r.uniform(size=(C, K)), axis=0)
+  dm1, dm2 = (np.tril(r.normal(size=(C, C)), -1) for _ in range(2))
+  # The reference starts from the same fp32 values (G rounded to fp32 moves exponents near -1000 by 3e-5).
+  x1, x2, y, G, dm1, dm2 = (np.float64(np.float32(a)) for a in (x1, x2, y, G, dm1, dm2))
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  grams = lambda a, b, c, d: cm.decayed_grams([a, b], c, d, jax.lax.Precision.HIGHEST, sub=sub)
+  M1, M2 = jax.jit(grams)(f32(x1), f32(x2), f32(y), f32(G))
+  for M, x in ((M1, x1), (M2, x2)):
+    np.testing.assert_allclose(np.asarray(M), _brute_gram(x, y, G), rtol=1e-5, atol=1e-5)
+
+  bwd = jax.jit(lambda a, b, c, d, e, f: cm.decayed_grams_bwd([(a, e), (b, f)], c, d, jax.lax.Precision.HIGHEST, 0,
+                                                              sub=sub))
+  (dx1, dx2), dy, dG = bwd(f32(x1), f32(x2), f32(y), f32(G), f32(dm1), f32(dm2))
+  # The brute-force cotangents, by hand in float64: dM[r,c] times each factor of the pair's term.
+  expo = G[:, None, :] - G[None, :, :]
+  lower = np.tril(np.ones((C, C), bool), -1)[:, :, None]
+  E = np.where(lower, np.exp(np.where(lower, expo, 0.0)), 0.0)
+  want_dx1 = np.einsum("rc,ck,rck->rk", dm1, y, E)
+  want_dx2 = np.einsum("rc,ck,rck->rk", dm2, y, E)
+  terms = dm1[:, :, None] * x1[:, None, :] * y[None] * E + dm2[:, :, None] * x2[:, None, :] * y[None] * E
+  want_dy = np.einsum("rc,rk,rck->ck", dm1, x1, E) + np.einsum("rc,rk,rck->ck", dm2, x2, E)
+  want_dG = terms.sum(axis=1) - terms.sum(axis=0)
+  for got, want in ((dx1, want_dx1), (dx2, want_dx2), (dy, want_dy), (dG, want_dG)):
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
