@@ -15,9 +15,9 @@ masks are applied before exp). The diagonal pair c = r has decay 1.
 
 The tree stops at blocks of SUB_BLOCK rows: a level of block b fills only b / (4 C) of the [C, C]
 matrix, so the small levels would be full dots for a few entries. Pairs inside one SUB_BLOCK-row
-block are formed elementwise instead, one row offset d at a time: row r meets row r - d, loaded
-shifted from the kernel's refs, with the decay of the exact span sum g_{r-d+1} + ... + g_r (<= 0),
-and the products are summed over the key channels.
+block are formed elementwise instead, one column offset j at a time: every row r is paired with
+row j of its own block, exp(G_r - G_c) is taken directly (c < r, so the exponent is <= 0) and the
+products are summed over the key channels.
 """
 
 from typing import NamedTuple
@@ -87,81 +87,78 @@ def level_factors(G, b):
   return row_factor, col_factor
 
 
-def offset_column(D, d):
-  """Column d of D [C, sub] as [C, 1]."""
-  return jnp.sum(jnp.where(iota(D.shape, 1) == d, D, 0.0), axis=1, keepdims=True)
+def row_of_block(x, j, sub):
+  """[C, K] -> [C, K]: row j of every sub-row block of x, repeated over its block."""
+  C, K = x.shape
+  blocks = x.reshape(C // sub, sub, K)
+  row = jnp.sum(jnp.where(iota(blocks.shape, 1) == j, blocks, 0.0), axis=1, keepdims=True)
+  return jnp.broadcast_to(row, blocks.shape).reshape(C, K)
 
 
-def place_offsets(D):
-  """D [C, sub] -> M [C, C]: M[r, r - d] = D[r, d] for 0 < d < sub (D is zero where r - d leaves r's block)."""
+def block_decay(G, j, sub):
+  """[C, K] exp(G_r - G_c) with c row j of r's sub-row block, on rows r after it (else 0)."""
+  later = (iota(G.shape, 0) % sub) > j
+  return jnp.where(later, jnp.exp(jnp.where(later, G - row_of_block(G, j, sub), 0.0)), 0.0)
+
+
+def offset_column(x, j, sub):
+  """Column j of x [C, sub] as [C, 1]."""
+  return jnp.sum(jnp.where(iota(x.shape, 1) == j, x, 0.0), axis=1, keepdims=True)
+
+
+def place_blocks(D):
+  """D [C, sub] (D[r, j]: the pair of row r with row j of its block) -> [C, C] block diagonal."""
   C, sub = D.shape
-  diff = iota((C, C), 0) - iota((C, C), 1)
-  M = jnp.zeros((C, C), jnp.float32)
-  for d in range(1, sub):
-    M = jnp.where(diff == d, offset_column(D, d), M)
-  return M
+  tiled = jnp.broadcast_to(D[:, None, :], (C, C // sub, sub)).reshape(C, C)
+  return jnp.where(iota((C, C), 0) // sub == iota((C, C), 1) // sub, tiled, 0.0)
 
 
-def take_offsets(M, sub, lower):
-  """[C, C] -> D [C, sub]: D[r, d] = M[r, r - d] (lower) or M[r + d, r] (not lower), for 0 < d < sub."""
+def take_blocks(M, sub):
+  """[C, C] -> [C, sub]: the block-diagonal entries, D[r, j] = M[r, sub * (r // sub) + j]."""
   C = M.shape[0]
-  M, diff = (M, iota((C, C), 0) - iota((C, C), 1)) if lower else (M.T, iota((C, C), 1) - iota((C, C), 0))
-  D = jnp.zeros((C, sub), jnp.float32)
-  for d in range(1, sub):
-    D = jnp.where(iota((C, sub), 1) == d, jnp.sum(jnp.where(diff == d, M, 0.0), axis=1, keepdims=True), D)
-  return D
+  blocks = M.reshape(C, C // sub, sub)
+  return jnp.sum(jnp.where(iota(blocks.shape, 1) == iota(blocks.shape, 0) // sub, blocks, 0.0), axis=1)
 
 
-def masked_exp(x, mask):
-  return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
+def block_grams(xs, y, G, sub):
+  """The pairs c < r inside one sub-row block of `decayed_grams`, elementwise in fp32: [C, C] per x."""
+  C = G.shape[0]
+
+  def offset(j, Ds):
+    yd = row_of_block(y, j, sub) * block_decay(G, j, sub)
+    pick = iota((C, sub), 1) == j
+    return tuple(D + jnp.where(pick, jnp.sum(x * yd, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
+
+  Ds = jax.lax.fori_loop(0, sub - 1, offset, tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs))
+  return [place_blocks(D) for D in Ds]
 
 
-def block_offsets(xs, y_at, g_at, sub):
-  """The pairs (r, r - d), 0 < d < sub, inside one sub-row block: D [C, sub] per x [C, K] with
-  D[r, d] = sum_k x[r,k] y[r-d,k] exp(g_{r-d+1} + ... + g_r) (`place_offsets` puts them in [C, C]).
+def block_grams_bwd(pairs, y, G, sub):
+  """Backward of `block_grams`: ([dx], dy), pairs [(x, dM)] with dM [C, C] (only its blocks are read)."""
+  C, K = G.shape
+  dDs = [take_blocks(dm, sub) for _, dm in pairs]
 
-  y_at(s), g_at(s): [C, K] y and the per-step log decay g at rows r + s (clamped into the chunk). The
-  exponent is the exact sum over the pair's span, accumulated one offset at a time.
-  """
-  C, K = xs[0].shape
-  rows = iota((C, K), 0) % sub
-
-  def offset(d, carry):
-    span, Ds = carry
-    span = span + g_at(1 - d)
-    y_decayed = y_at(-d) * masked_exp(span, rows >= d)
-    pick = iota((C, sub), 1) == d
-    return span, tuple(D + jnp.where(pick, jnp.sum(x * y_decayed, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
-
-  zeros = tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs)
-  return list(jax.lax.fori_loop(1, sub, offset, (jnp.zeros((C, K), jnp.float32), zeros))[1])
-
-
-def block_offsets_bwd(x_ats, d_lower, d_upper, y_at, g_at, sub):
-  """Backward of `block_offsets`: ([dx], dy) [C, K]. x_ats: each x at rows r + s; d_lower, d_upper: per
-  x, `take_offsets` of its dM with lower=True (dM[r, r-d], for dx) and lower=False (dM[c+d, c], for dy)."""
-  y = y_at(0)
-  C, K = y.shape
-  rows = iota((C, K), 0) % sub
-
-  def offset(d, carry):
-    back, ahead, dxs, dy = carry
-    back, ahead = back + g_at(1 - d), ahead + g_at(d)  # the spans of pairs (r, r-d) and (r+d, r)
-    y_decayed = y_at(-d) * masked_exp(back, rows >= d)
-    dxs = tuple(dx + offset_column(dl, d) * y_decayed for dx, dl in zip(dxs, d_lower))
-    later = sum(offset_column(du, d) * x_at(d) for du, x_at in zip(d_upper, x_ats))
-    return back, ahead, dxs, dy + masked_exp(ahead, rows < sub - d) * later
+  def offset(j, carry):
+    dxs, dy = carry
+    E = block_decay(G, j, sub)
+    y_j = row_of_block(y, j, sub)
+    dms = [offset_column(dD, j, sub) for dD in dDs]
+    dxs = tuple(dx + dm * y_j * E for dx, dm in zip(dxs, dms))
+    # Row j of each block gathers its pairs' terms summed over the block's later rows.
+    to_j = sum(dm * x * E for dm, (x, _) in zip(dms, pairs)).reshape(C // sub, sub, K)
+    summed = jnp.broadcast_to(jnp.sum(to_j, axis=1, keepdims=True), to_j.shape).reshape(C, K)
+    return dxs, dy + jnp.where(iota((C, K), 0) % sub == j, summed, 0.0)
 
   zeros = jnp.zeros((C, K), jnp.float32)
-  _, _, dxs, dy = jax.lax.fori_loop(1, sub, offset, (zeros, zeros, tuple(zeros for _ in x_ats), zeros))
+  dxs, dy = jax.lax.fori_loop(0, sub - 1, offset, (tuple(zeros for _ in pairs), zeros))
   return list(dxs), dy
 
 
-def decayed_grams(xs, y, G, precision, sub=1):
-  """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r in different
-  sub-row blocks (sub = 1: all pairs; the rest come from `block_offsets`)."""
+def decayed_grams(xs, y, G, precision, sub=SUB_BLOCK):
+  """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower)."""
   C = G.shape[0]
-  grams = [jnp.zeros((C, C), jnp.float32) for _ in xs]
+  sub = min(sub, C)
+  grams = block_grams(xs, y, G, sub)
   for b in block_sizes(C, sub):
     row_factor, col_factor = level_factors(G, b)
     mask = pair_mask(C, b)
@@ -170,20 +167,20 @@ def decayed_grams(xs, y, G, precision, sub=1):
   return grams
 
 
-def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=1):
-  """Backward of `decayed_grams`: ([dx], dy). pairs: [(x, dM)], dM [C, C] strictly lower.
+def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=SUB_BLOCK):
+  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
 
   loop_index: the index of the enclosing loop over key blocks. The level masks depend on it so the
   compiler rebuilds each masked dM where it is used instead of hoisting all of them out of the loop
   (on the H200 the hoisted matrices overflowed shared memory).
 
-  With the pair terms' dx and dy (tree and blocks), the gradient with respect to the cumsum G is
-  sum x * dx - y * dy: each pair (r, c) adds its term to row r and subtracts it from row c, so the
-  decay of a pair reaches exactly the g it spans once dG is reverse-cumsummed.
+  Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
+  (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
+  the g it spans once dG is reverse-cumsummed.
   """
   C = G.shape[0]
-  dxs = [jnp.zeros_like(x) for x, _ in pairs]
-  dy = jnp.zeros_like(y)
+  sub = min(sub, C)
+  dxs, dy = block_grams_bwd(pairs, y, G, sub)
   for b in block_sizes(C, sub):
     row_factor, col_factor = level_factors(G, b)
     mask = pair_mask(C, b) & (loop_index >= 0)
@@ -192,7 +189,10 @@ def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=1):
       dm = jnp.where(mask, dm, 0.0)
       dxs[i] += row_factor * dot(dm, y_col, precision)
       dy += col_factor * dot(dm.T, x * row_factor, precision)
-  return dxs, dy
+  dG = -y * dy
+  for (x, _), dx in zip(pairs, dxs):
+    dG += x * dx
+  return dxs, dy, dG
 
 
 def unit_lower_inverse(T, dots):

@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_fwd import (KEY_BLOCK, VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, params,
-                                           seq_spec, shifted, state_dot, state_spec, states_spec)
+                                           seq_spec, state_dot, state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
@@ -117,10 +117,6 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
   d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
   d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
   suffix, prefix = cm.lower_ones(C, strict=False).T, cm.lower_ones(C, strict=True)
-  sb = min(sub_block, C)
-  pairs_d = (d_t, d_aqk_strict)
-  d_lower = [cm.take_offsets(dm, sb, lower=True) for dm in pairs_d]
-  d_upper = [cm.take_offsets(dm, sb, lower=False) for dm in pairs_d]
 
   def grad_block(i, carry):
     keys = pl.ds(i * kb, kb)
@@ -130,12 +126,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
     G_last = cm.last_row(G)[None, :]
     to_end = jnp.exp(G_last - G)
     d_e_decayed = cm.dot(A.T, d_y, io)
-    (d_e, d_q), d_u = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sb)
-    q_at = lambda s, at=shifted(q_ref, i, kb): at(s) * scale
-    (b_e, b_q), b_u = cm.block_offsets_bwd([shifted(e_ref, i, kb), q_at], d_lower, d_upper, shifted(u_ref, i, kb),
-                                           shifted(g_ref, i, kb), sb)
-    d_e, d_q, d_u = d_e + b_e, d_q + b_q, d_u + b_u
-    d_G = e * d_e + q * d_q - u * d_u  # the pair terms' share of dG (chunk_math.decayed_grams_bwd)
+    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sub_block)
     d_e += decay * d_e_decayed
     d_q += decay * d_qd + d_aqk_diag * u
     d_u += to_end * d_w + d_aqk_diag * q

@@ -37,16 +37,6 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def shifted(ref, i, width):
-  """s -> column block i of a [C, D] ref at rows r + s (clamped into [0, C)), as fp32 (a gather)."""
-  C = ref.shape[0]
-
-  def at(s):
-    rows = jnp.clip(cm.iota((C, 1), 0) + s, 0, C - 1)
-    return ref[rows, i * width + cm.iota((1, width), 1)].astype(jnp.float32)
-  return at
-
-
 def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
                         *inverse_ref, scale, key_block, sub_block, interpret):
   f32 = jnp.float32
@@ -57,20 +47,15 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
-  sb = min(sub_block, C)
-
   def gram_block(i, acc):
     G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
     q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
-    T, A_qk = cm.decayed_grams([e, q], u, G, io, sb)
-    D_t, D_qk = cm.block_offsets([e, q], shifted(u_ref, i, kb), shifted(g_ref, i, kb), sb)
-    diagonal = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
-    return acc[0] + T, acc[1] + A_qk + diagonal, acc[2] + D_t, acc[3] + D_qk
+    T, A_qk = cm.decayed_grams([e, q], u, G, io, sub_block)
+    return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
 
-  zeros, offsets = jnp.zeros((C, C), f32), jnp.zeros((C, sb), f32)
-  T, A_qk, D_t, D_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros, offsets, offsets))
-  A = cm.unit_lower_inverse(T + cm.place_offsets(D_t), dots)
-  A_qk = A_qk + cm.place_offsets(D_qk)
+  zeros = jnp.zeros((C, C), f32)
+  T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
+  A = cm.unit_lower_inverse(T, dots)
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
