@@ -50,7 +50,7 @@ for step in $steps; do
       run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
       for dt in ${KERNEL_DTYPES:-bfloat16 float32}; do
-        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2 fg2_plus}; do
+        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do
           run ${KERNEL_LIMIT:-150} python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
             --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/compare_${m}_$dt.json"
         done
