@@ -68,7 +68,8 @@ for step in $steps; do
         --config.train.steps=4000 --config.train.eval_every=1000 --config.train.checkpoint_every=4000 \
         --config.train.log_every=100 ;;
     sdm)
-      run ${SDM_LIMIT:-500} python3 -m experiments.bench_sdm --impls=${SDM_IMPLS:-chunk,pallas} --out_dir="$RES" --tag=h200_sdm ;;
+      run ${SDM_LIMIT:-500} python3 -m experiments.bench_sdm --impls=${SDM_IMPLS:-chunk,pallas} \
+        --sdm_chunk_sizes=${SDM_CHUNKS:-16} --out_dir="$RES" --tag=h200_sdm ;;
     train)  # the default MQAR, every dense mixer
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;

@@ -11,9 +11,9 @@ Writes <out_dir>/<date>_<tag>.{json,md,png} after every point and prints the sho
 CPU backend the defaults shrink (contexts 64,256, width 64, 2 heads of 32, 8 steps, 2 reps) unless given.
 """
 
-from absl import app, flags, logging
-import jax
+from absl import app, flags
 
+from experiments import cli
 from experiments.configs.common import VARIANTS, model_config
 from sdm_jax.evaluation.decode_bench import ATTENTION, format_table, run_sweep, write_report
 from sdm_jax.evaluation.timing import run_metadata
@@ -81,12 +81,7 @@ def _ints(name, values):
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # JAX's INFO lines would bury the progress lines
-  if jax.default_backend() == "cpu":
-    for name, value in CPU_DEFAULTS.items():
-      if not FLAGS[name].present:
-        FLAGS[name].value = value
+  cli.setup(CPU_DEFAULTS)
   try:
     configs = model_configs(FLAGS.variants, vocab_size=FLAGS.vocab_size, width=FLAGS.width,
                             num_layers=FLAGS.layers, num_heads=FLAGS.heads, head_dim=FLAGS.head_dim,

@@ -8,9 +8,9 @@ the default shapes shrink to 1x256 with --heads=2 --head_dim=32 unless given exp
 
 import os
 
-from absl import app, flags, logging
-import jax
+from absl import app, flags
 
+from experiments import cli
 from sdm_jax.evaluation.op_bench import format_table, parse_shapes, run_sweep, write_report
 from sdm_jax.evaluation.op_inputs import MIXERS
 from sdm_jax.evaluation.timing import run_metadata
@@ -35,14 +35,9 @@ CPU_DEFAULTS = {"shapes": "1x256", "heads": 2, "head_dim": 32}
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # JAX's INFO lines would bury the progress lines
   if FLAGS.peer:  # torch allocates on the same GPU; JAX must not take 75% of it up front
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  if jax.default_backend() == "cpu":
-    for name, value in CPU_DEFAULTS.items():
-      if not FLAGS[name].present:
-        FLAGS[name].value = value
+  cli.setup(CPU_DEFAULTS)
   unknown = sorted(set(FLAGS.mixers) - set(MIXERS))
   if unknown:
     raise app.UsageError(f"--mixers: unknown {unknown}, expected some of {sorted(MIXERS)}")

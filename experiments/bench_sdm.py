@@ -1,5 +1,5 @@
 r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs, the table-row
-traffic alone (the floor any SDM forward pays: sdm_bench.time_row_traffic), and product-key
+traffic alone in XLA (sdm_bench.time_row_traffic: the rows an entry-by-entry forward moves), and product-key
 addressing through the Pallas kernel and through XLA's top-k.
 
   python -m experiments.bench_sdm        # SPEC.md section 3 / issue shapes on a GPU
@@ -10,9 +10,9 @@ k=128, sub-key dim 128. On a CPU backend every size shrinks unless given. Writes
 <out_dir>/<date>_<tag>.{json,md}; each measurement is written as soon as it is made.
 """
 
-from absl import app, flags, logging
-import jax
+from absl import app, flags
 
+from experiments import cli
 from sdm_jax.evaluation import sdm_bench
 from sdm_jax.evaluation.timing import error_text, run_metadata
 
@@ -26,6 +26,7 @@ flags.DEFINE_integer("gdn_head_dim", 128, "K = V of the dense GDN run.")
 flags.DEFINE_integer("address_rows", 32768, "Tokens of the addressing run (times sdm_heads rows).")
 flags.DEFINE_integer("address_dim", 128, "Sub-key dimension of the addressing run.")
 flags.DEFINE_list("impls", ["chunk", "pallas"], "Impls of the SDM op and of the dense GDN op to time.")
+flags.DEFINE_list("sdm_chunk_sizes", ["16"], "Chunk sizes of the SDM op, each timed per impl (16, 32, 64).")
 flags.DEFINE_integer("reps", 10, "Warm runs per timing (median).")
 flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON and markdown go.")
 flags.DEFINE_string("tag", "sdm", "File name tag.")
@@ -37,18 +38,14 @@ CPU_DEFAULTS = {"shape": "1x64", "num_slots": 1024, "value_dim": 32, "topk": 8, 
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if jax.default_backend() == "cpu":
-    for name, value in CPU_DEFAULTS.items():
-      if not FLAGS[name].present:
-        FLAGS[name].value = value
+  cli.setup(CPU_DEFAULTS)
   B, T = (int(x) for x in FLAGS.shape.split("x"))
   n = int(round(FLAGS.num_slots**0.5))
   if n * n != FLAGS.num_slots:
     raise app.UsageError(f"--num_slots: expected a perfect square, got {FLAGS.num_slots}")
   config = {name: FLAGS[name].value for name in ("shape", "sdm_heads", "num_slots", "value_dim", "topk", "gdn_heads",
-                                                  "gdn_head_dim", "address_rows", "address_dim", "impls", "reps")}
+                                                  "gdn_head_dim", "address_rows", "address_dim", "impls",
+                                                  "sdm_chunk_sizes", "reps")}
   meta = {**run_metadata(), "config": config}
   rows = []
 
@@ -66,11 +63,12 @@ def main(argv):
   H, N, V, W = FLAGS.sdm_heads, FLAGS.num_slots, FLAGS.value_dim, FLAGS.topk
   K = FLAGS.gdn_head_dim
   for impl in FLAGS.impls:
-    record(f"sdm {impl} {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V, W=W, R=W,
-           impl=impl, reps=FLAGS.reps)
+    for C in (int(c) for c in FLAGS.sdm_chunk_sizes):
+      record(f"sdm {impl} C={C} {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V,
+             W=W, R=W, impl=impl, chunk_size=C, reps=FLAGS.reps)
     record(f"gdn {impl} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
            H=FLAGS.gdn_heads, K=K, V=K, impl=impl, reps=FLAGS.reps)
-  record(f"sdm row traffic floor {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_row_traffic, B=B, T=T, H=H,
+  record(f"sdm row traffic only, XLA {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_row_traffic, B=B, T=T, H=H,
          N=N, V=V, W=W, R=W, reps=FLAGS.reps)
   for impl in ("xla", "pallas"):
     paths = record(f"product_key_address {impl} rows={FLAGS.address_rows}x{H} n={n} k={W} D={FLAGS.address_dim}",

@@ -9,9 +9,10 @@ The first impl is the reference. Exits non-zero when any compared quantity is no
 import json
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 import jax
 
+from experiments import cli
 from sdm_jax.evaluation.op_compare import compare_impls, format_report
 from sdm_jax.evaluation.op_inputs import MIXERS
 from sdm_jax.evaluation.timing import run_metadata
@@ -34,8 +35,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # JAX's INFO lines would bury the progress lines
+  cli.setup()
   if FLAGS.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   try:

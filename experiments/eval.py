@@ -10,7 +10,9 @@ them to <workdir>/eval.json.
 import json
 import pathlib
 
-from absl import app, flags, logging
+from absl import app, flags
+
+from experiments import cli
 
 flags.DEFINE_string("workdir", None, "A run directory written by experiments.train.", required=True)
 flags.DEFINE_integer("eval_batches", None, "Batches to evaluate (default: the run's config).")
@@ -19,8 +21,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax and JAX log every save and restore at INFO
+  cli.setup()
   from sdm_jax.training.loop import evaluate, load_config, restore_for_eval
   config = load_config(FLAGS.workdir)
   if FLAGS.eval_batches:

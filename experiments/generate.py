@@ -7,6 +7,8 @@ Prints the generated token ids, one line per prompt (one prompt here), space-sep
 
 from absl import app, flags, logging
 
+from experiments import cli
+
 flags.DEFINE_string("workdir", None, "A run directory written by experiments.train.", required=True)
 flags.DEFINE_list("prompt_tokens", None, "The prompt as comma-separated token ids.", required=True)
 flags.DEFINE_integer("max_new_tokens", 32, "How many tokens to generate after the prompt.")
@@ -18,8 +20,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax and JAX log every save and restore at INFO
+  cli.setup()
   import jax.numpy as jnp
   from sdm_jax.training.loop import load_config, restore_for_eval
   config = load_config(FLAGS.workdir)

@@ -8,8 +8,10 @@ Resumes from the newest readable checkpoint in --workdir unless --noresume. On s
 
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from experiments import cli
 
 config_flags.DEFINE_config_file("config", None, "Config file, path.py:variant.", lock_config=False)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics.jsonl and plots go.", required=True)
@@ -23,8 +25,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax and JAX log every save and restore at INFO
+  cli.setup()
   import jax
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

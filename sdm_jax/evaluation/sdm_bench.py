@@ -1,6 +1,6 @@
 """Timing Sparse Delta Memory: the op (forward, forward+backward) next to the dense GDN op at
-matching FLOPs, the row traffic any SDM forward must move, and product-key addressing through the
-Pallas kernel and through XLA."""
+matching FLOPs, the table-row traffic of an entry-by-entry SDM forward, and product-key
+addressing through the Pallas kernel and through XLA."""
 
 import jax
 import jax.numpy as jnp
@@ -72,14 +72,17 @@ def row_traffic(m0, k_idx, k_w, v, g, beta, q_idx, q_w):
 
 
 def time_row_traffic(B, T, H, N, V, W, R, *, reps=10, seed=0):
-  """{compile_s, fwd_ms, row_bytes, row_gb_per_s} of row_traffic on sdm_inputs: the least time an
-  SDM forward that reads the W + R rows and writes the W rows of every token can take here.
+  """{compile_s, fwd_ms, row_bytes, row_gb_per_s} of row_traffic on sdm_inputs: what XLA takes for
+  only the rows an entry-by-entry SDM forward reads (W + R per token) and writes (W per token), as
+  the chunk and pallas impls do at chunk sizes <= 64. Such a forward needs at least row_bytes at the
+  device's peak bandwidth. (A forward over longer chunks could read a row shared by several entries
+  of its chunk once: for uniform slots, C W entries touch N (1 - exp(-C W / N)) distinct rows.)
 
   row_bytes = B T H (2 W + R) V 4 (fp32 rows gathered, then written); broadcasting m0 to the
   batch's table (B H N V x 4 bytes written) is timed but not counted, as in the op. Where XLA
   does not fuse the gathers into their weighted sums it materialises [B, T, H, W, V] and
   [B, T, H, R, V] fp32 (17 GB each at B=4, T=4096, H=2, W=R=128, V=1024; that fits an H200) and
-  the extra traffic raises the time, so the floor is over-estimated, never under. The CPU backend
+  the extra traffic raises the time further. The CPU backend
   does materialise both (compiled temp memory = the two gathers); a GPU compile is unchecked.
   """
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
