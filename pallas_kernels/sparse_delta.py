@@ -11,8 +11,9 @@ Grid (B, H, V / block_v), each program owns one column tile of one table. Per ch
   2. Delta = solve (v - r0), o = o_read + A_qk Delta;
   3. after a barrier (all of this chunk's reads precede its writes), token by token, the entries of
      the first token that touches a slot write keep * (its chunk-start row, still in the table) +
-     sum_s slot_write[t, w, s] Delta_s (duplicates within that token write the same value); the
-     slot's entries in later tokens are masked out. A second barrier orders the writes before the
+     sum_s slot_write[t, w, s] Delta_s (duplicates within that token write the same value, after a
+     barrier that orders all of the token's row reads first); the slot's entries in later tokens
+     are masked out. A second barrier orders the writes before the
      next chunk's reads.
 Shapes ([B, H, Nc, C, ...], Nc chunks of C tokens): k_idx [.., W] int32, q_idx [.., R] int32,
 r0_coef, keep, first [.., W] fp32, read_coef [.., R], solve, a_qk [.., C], slot_write [.., W, C],
@@ -62,6 +63,7 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
     def write(t, carry):
       rows = at_rows(k_idx_ref[n, t, :])
       new = keep_ref[n, t, :][:, None] * table_ref[rows] + dot(slot_write_ref[n, t], delta)
+      barrier()  # a slot listed twice in token t: every copy reads the row before any copy rewrites it
       pltriton.store(table_ref.at[rows], new, mask=jnp.broadcast_to(first_ref[n, t, :][:, None] > 0, new.shape))
       return carry
 
