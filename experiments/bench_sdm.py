@@ -1,6 +1,6 @@
 r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs, the table-row
-traffic alone in XLA (sdm_bench.time_row_traffic: the rows an entry-by-entry forward moves), and product-key
-addressing through the Pallas kernel and through XLA's top-k.
+traffic alone in XLA (sdm_bench.time_row_traffic: the rows an entry-by-entry forward moves), and
+product-key addressing through the Pallas kernel and through XLA's top-k.
 
   python -m experiments.bench_sdm        # SPEC.md section 3 / issue shapes on a GPU
 

@@ -101,7 +101,7 @@ def block_decay(G, j, sub):
   return jnp.where(later, jnp.exp(jnp.where(later, G - row_of_block(G, j, sub), 0.0)), 0.0)
 
 
-def offset_column(x, j, sub):
+def offset_column(x, j):
   """Column j of x [C, sub] as [C, 1]."""
   return jnp.sum(jnp.where(iota(x.shape, 1) == j, x, 0.0), axis=1, keepdims=True)
 
@@ -125,9 +125,9 @@ def block_grams(xs, y, G, sub):
   C = G.shape[0]
 
   def offset(j, Ds):
-    yd = row_of_block(y, j, sub) * block_decay(G, j, sub)
+    y_decayed = row_of_block(y, j, sub) * block_decay(G, j, sub)
     pick = iota((C, sub), 1) == j
-    return tuple(D + jnp.where(pick, jnp.sum(x * yd, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
+    return tuple(D + jnp.where(pick, jnp.sum(x * y_decayed, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
 
   Ds = jax.lax.fori_loop(0, sub - 1, offset, tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs))
   return [place_blocks(D) for D in Ds]
@@ -141,9 +141,9 @@ def block_grams_bwd(pairs, y, G, sub):
   def offset(j, carry):
     dxs, dy = carry
     E = block_decay(G, j, sub)
-    y_j = row_of_block(y, j, sub)
-    dms = [offset_column(dD, j, sub) for dD in dDs]
-    dxs = tuple(dx + dm * y_j * E for dx, dm in zip(dxs, dms))
+    y_decayed = row_of_block(y, j, sub) * E
+    dms = [offset_column(dD, j) for dD in dDs]
+    dxs = tuple(dx + dm * y_decayed for dx, dm in zip(dxs, dms))
     # Row j of each block gathers its pairs' terms summed over the block's later rows.
     to_j = sum(dm * x * E for dm, (x, _) in zip(dms, pairs)).reshape(C // sub, sub, K)
     summed = jnp.broadcast_to(jnp.sum(to_j, axis=1, keepdims=True), to_j.shape).reshape(C, K)

@@ -13,8 +13,7 @@ Grid (B, H, V / block_v), each program owns one column tile of one table. Per ch
      the first token that touches a slot write keep * (its chunk-start row, still in the table) +
      sum_s slot_write[t, w, s] Delta_s (duplicates within that token write the same value, after a
      barrier that orders all of the token's row reads first); the slot's entries in later tokens
-     are masked out. A second barrier orders the writes before the
-     next chunk's reads.
+     are masked out. A second barrier orders the writes before the next chunk's reads.
 Shapes ([B, H, Nc, C, ...], Nc chunks of C tokens): k_idx [.., W] int32, q_idx [.., R] int32,
 r0_coef, keep, first [.., W] fp32, read_coef [.., R], solve, a_qk [.., C], slot_write [.., W, C],
 v [.., V]; table [B, H, N, V] fp32. W, R, C >= 16 and V a multiple of block_v (dots need dims >= 16).

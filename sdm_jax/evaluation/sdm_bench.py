@@ -82,8 +82,8 @@ def time_row_traffic(B, T, H, N, V, W, R, *, reps=10, seed=0):
   batch's table (B H N V x 4 bytes written) is timed but not counted, as in the op. Where XLA
   does not fuse the gathers into their weighted sums it materialises [B, T, H, W, V] and
   [B, T, H, R, V] fp32 (17 GB each at B=4, T=4096, H=2, W=R=128, V=1024; that fits an H200) and
-  the extra traffic raises the time further. The CPU backend
-  does materialise both (compiled temp memory = the two gathers); a GPU compile is unchecked.
+  the extra traffic raises the time further. The CPU backend does materialise both (compiled temp
+  memory = the two gathers); a GPU compile is unchecked.
   """
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
   fwd, compile_s = compile_timed(lambda floats, ints: row_traffic(**floats, **ints), *sets[0])

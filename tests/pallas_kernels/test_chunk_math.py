@@ -1,7 +1,10 @@
-"""chunk_math's triangular inverse outside a kernel: the near-fp32 Newton step must undo the error of
-the one-pass level merges. On the GPU those merges run in TF32 (~1e-4 relative error, measured); the
-CPU has no TF32, so the test makes them coarser still, with bf16 operands (~4e-3), and checks that
-the result is back at fp32 accuracy."""
+"""chunk_math outside a kernel.
+
+The triangular inverse: the near-fp32 Newton step must undo the error of the one-pass level merges.
+On the GPU those merges run in TF32 (~1e-4 relative error, measured); the CPU has no TF32, so the
+test makes them coarser still, with bf16 operands (~4e-3), and checks that the result is back at
+fp32 accuracy. The decayed Gram matrices: elementwise sub-blocks plus the tree's levels, forward
+and backward, against a float64 brute force."""
 
 import jax
 import jax.numpy as jnp
