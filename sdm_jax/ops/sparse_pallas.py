@@ -3,7 +3,7 @@
 
 The value-independent algebra of every chunk comes from `chunk_addressing` (XLA, a few chunks at a
 time); the kernels gather, multiply and write the table rows. The forward keeps the rows each chunk
-overwrote and the chunks' coefficients (C x (W + R + C) per chunk and head, small next to the rows);
+overwrote and the chunks' coefficients (C x (6 W + R + 2 C) per chunk and head, small next to the rows);
 the backward kernel walks the chunks in reverse on them and returns the coefficients' cotangents,
 which `jax.vjp` of `chunk_addressing` (again a few chunks at a time) takes back to k_w, g, beta, q_w.
 """
@@ -30,7 +30,11 @@ DIFFERENTIABLE = ("r0_coef", "read_coef", "solve", "A_qk", "keep", "write_coef")
 
 def _summed_within_token(idx, coef):
   """[C, W] coef summed over the entries of the same token that list the same slot (idx [C, W])."""
-  return jnp.sum(jnp.where(idx[:, :, None] == idx[:, None, :], coef[:, None, :], 0.0), axis=-1)
+  def token(idx, coef):
+    group = jnp.searchsorted(jnp.sort(idx), idx)  # the slot's first position among the token's sorted slots
+    return jnp.zeros_like(coef).at[group].add(coef)[group]
+
+  return jax.vmap(token)(idx, coef)
 
 
 def _chunk_coefficients(k_idx, k_w, g, beta, q_idx, q_w):
