@@ -1,4 +1,4 @@
-"""The Pallas Sparse Delta Memory kernel: a 'cuda' lowering check for an abstract NVIDIA H200 (its
+"""The Pallas Sparse Delta Memory kernels: 'cuda' lowering checks for an abstract NVIDIA H200 (their
 interpret-mode numerics, forward and gradients, are in tests/ops/test_sparse_delta.py)."""
 
 import jax
@@ -6,22 +6,41 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.sparse_delta import sparse_delta_fwd
+from pallas_kernels.sparse_delta_bwd import sparse_delta_bwd
+
+
+B, H, N, V, NUM_CHUNKS = 1, 2, 1024, 128, 2
+TABLE = jax.ShapeDtypeStruct((B, H, N, V), jnp.float32)
+
+
+def _chunked(C, *shape, dtype=jnp.float32):
+  return jax.ShapeDtypeStruct((B, H, NUM_CHUNKS, C, *shape), dtype)
+
+
+def _lowers_for_cuda(kernel, args):
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(kernel).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return text.count("__gpu$xla.gpu.triton") == 1
 
 
 @pytest.mark.parametrize("W,C,save_rows", [(16, 16, True), (128, 16, True), (16, 32, True), (16, 16, False)])
 def test_lowers_for_cuda(W, C, save_rows):
-  B, H, N, V, Nc, R = 1, 2, 1024, 128, 2, W
-  f32 = jnp.float32
-  spec = lambda *shape, d=f32: jax.ShapeDtypeStruct(shape, d)
-  chunked = lambda *shape, d=f32: spec(B, H, Nc, C, *shape, d=d)
-  args = (spec(B, H, N, V), chunked(W, d=jnp.int32), chunked(R, d=jnp.int32), chunked(W), chunked(R), chunked(C),
-          chunked(C), chunked(W), chunked(W, C), chunked(W), chunked(V, d=jnp.bfloat16))
-  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-  with jax.sharding.use_abstract_mesh(mesh):
-    fwd = jax.jit(lambda *a: sparse_delta_fwd(*a, save_rows=save_rows))
-    text = fwd.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert text.count("__gpu$xla.gpu.triton") == 1
+  R = W
+  x = lambda *shape, dtype=jnp.float32: _chunked(C, *shape, dtype=dtype)
+  args = (TABLE, x(W, dtype=jnp.int32), x(R, dtype=jnp.int32), x(W), x(R), x(C), x(C), x(W), x(W, C), x(W),
+          x(V, dtype=jnp.bfloat16))
+  assert _lowers_for_cuda(lambda *a: sparse_delta_fwd(*a, save_rows=save_rows), args)
+
+
+@pytest.mark.parametrize("W,C", [(16, 16), (128, 16), (16, 32)])
+def test_backward_lowers_for_cuda(W, C):
+  R = W
+  x = lambda *shape, dtype=jnp.float32: _chunked(C, *shape, dtype=dtype)
+  args = (TABLE, TABLE, x(W, dtype=jnp.int32), x(R, dtype=jnp.int32), x(W), x(C), x(C), x(W), x(W), x(W), x(W), x(R),
+          x(W, V), x(V, dtype=jnp.bfloat16), x(V, dtype=jnp.bfloat16))
+  assert _lowers_for_cuda(sparse_delta_bwd, args)
 
 
 def test_forward_without_gradient_leaves_out_the_saved_rows():
