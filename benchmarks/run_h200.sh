@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of probe stages baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of probe stages ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -47,9 +47,18 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run ${PROBE_LIMIT:-400} env KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
+      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     stages)  # intra_chunk stage by stage (separate launches), chunk 64 and 32, plus ptxas register counts
       run ${STAGES_LIMIT:-300} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
+    ncu)  # Nsight Compute on intra_chunk, where the image has it and allows counters
+      if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
+        NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        run ${NCU_LIMIT:-150} "$NCU" --target-processes all -k regex:intra_chunk -c 1 --section LaunchStats \
+          --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          python3 benchmarks/scripts/one_intra_chunk.py 64
+      else
+        echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
+      fi ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
       for dt in ${KERNEL_DTYPES:-bfloat16 float32}; do
         for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do

@@ -82,9 +82,9 @@ def level_factors(G, b):
   mid = jnp.sum(jnp.where(iota(blocks.shape, 1) == half - 1, blocks, 0.0), axis=1, keepdims=True)
   G_mid = jnp.broadcast_to(mid, blocks.shape).reshape(C, K)
   late = (iota((C, K), 0) % b) >= half
-  row_factor = jnp.where(late, jnp.exp(jnp.where(late, G - G_mid, 0.0)), 0.0)
-  col_factor = jnp.where(late, 0.0, jnp.exp(jnp.where(late, 0.0, G_mid - G)))
-  return row_factor, col_factor
+  # One exp serves both factors: G falls along the chunk, so both exponents are <= 0 on their rows.
+  E = jnp.exp(jnp.where(late, G - G_mid, G_mid - G))
+  return jnp.where(late, E, 0.0), jnp.where(late, 0.0, E)
 
 
 def row_of_block(x, j, sub):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.evaluation.timing import compile_timed, kernel_times, median_ms, timer_name
 
 
 def gdn2_inputs(B, T, H, K, V, seed, dtype=jnp.float32):
@@ -41,3 +41,17 @@ class Timer:
     lines = [f"| {what} | compile s | ms |", "|---|---|---|"]
     lines += [f"| {name} | {c:.1f} | {ms:.3f} |" for name, c, ms in self.rows]
     return "\n".join(lines)
+
+
+def breakdown(name, fn, args, top=12):
+  """Prints the kernels of one run of fn(*args) by device time (CUPTI), same-named kernels summed."""
+  try:
+    totals = {}
+    for kernel, ms in kernel_times(lambda: jax.block_until_ready(fn(*args))):
+      totals[kernel] = totals.get(kernel, 0.0) + ms
+  except Exception as error:
+    print(f"breakdown of {name} FAILED {type(error).__name__}: {str(error).splitlines()[0][:200]}", flush=True)
+    return
+  print(f"\nkernels of {name}: {sum(totals.values()):.3f} ms in {len(totals)} distinct kernels", flush=True)
+  for kernel, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+    print(f"  {ms:8.3f} ms  {kernel[:100]}", flush=True)

@@ -1,10 +1,11 @@
 """Probe (2026-11-29, sessions 3 to 5): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
-  KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
-GDN-2 inputs (K = V = 128, chunk 64), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3
-rotated input sets (wall clock around block_until_ready).
+GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input
+sets (`timing.median_ms`: device kernel time on the GPU). The op's forward and forward+backward are also
+broken down per kernel.
 """
 import os
 import sys
@@ -22,52 +23,56 @@ from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
-from probe_common import Timer, gdn2_inputs
+from probe_common import Timer, breakdown, gdn2_inputs, timer_name
 
 B, T, H = (int(x) for x in sys.argv[1].split(","))
 K = V = 128
-C = 64
 scale = K**-0.5
 interpret = jax.default_backend() != "gpu"
 dtype = jnp.bfloat16
 timed = Timer()
 
-print(f"B={B} T={T} H={H} K=V={K} C={C} bf16; {jax.devices()[0].device_kind}", flush=True)
+print(f"B={B} T={T} H={H} K=V={K} bf16; {jax.devices()[0].device_kind}; timer: {timer_name()}", flush=True)
 sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
-kw = dict(chunk_size=C, interpret=interpret)
+CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
 SUB_BLOCKS = [int(x) for x in os.environ.get("SUB_BLOCKS", "16").split(",")]
 variants = [(kb, sb) for kb in KEY_BLOCKS for sb in SUB_BLOCKS]
-for kb, sb in variants:
-  timed(f"intra_chunk fwd save_inverse key_block={kb} sub_block={sb}",
-        lambda *a, kb=kb, sb=sb: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, scale=scale, **kw),
-        sets)
-y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
-q, u, e, z, g = sets[0]
-timed("state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
-timed("state_pass bv=32 save_states", lambda *a: state_pass(*a, block_v=32, save_states=True, **kw),
-      [(qd, ud, decay, y, w, aqk, h0)])
-o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
-d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
-d_ht = jnp.zeros_like(ht)
-timed("state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw),
-      [(qd, ud, decay, y, aqk, d_o, d_ht)])
-d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
-bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
-for kb, sb in variants:
-  timed(f"intra_chunk_bwd key_block={kb} sub_block={sb}",
-        lambda *a, kb=kb, sb=sb: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, scale=scale, **kw), bwd_args)
+for C in CHUNKS:
+  kw = dict(chunk_size=C, interpret=interpret)
+  for kb, sb in variants:
+    timed(f"C={C} intra_chunk fwd save_inverse key_block={kb} sub_block={sb}",
+          lambda *a, kb=kb, sb=sb: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, scale=scale, **kw),
+          sets)
+  y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
+  q, u, e, z, g = sets[0]
+  timed(f"C={C} state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
+  timed(f"C={C} state_pass bv=32 save_states", lambda *a: state_pass(*a, block_v=32, save_states=True, **kw),
+        [(qd, ud, decay, y, w, aqk, h0)])
+  o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
+  d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
+  d_ht = jnp.zeros_like(ht)
+  timed(f"C={C} state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw),
+        [(qd, ud, decay, y, aqk, d_o, d_ht)])
+  d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
+  bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
+  for kb, sb in variants:
+    timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb}",
+          lambda *a, kb=kb, sb=sb: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, scale=scale, **kw), bwd_args)
 
-# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, at chunk sizes 64 and 32.
-for chunk in (64, 32):
+# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, per chunk size.
+for chunk in CHUNKS:
   op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
-  timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
+  fwd = timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
   loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
-  timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+  step = timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+  if not interpret:
+    breakdown(f"op fwd, chunk {chunk}", fwd, sets[0])
+    breakdown(f"op fwd+bwd, chunk {chunk}", step, sets[0])
 
 # Gradients against autodiff of the chunk impl (fp32 on the same bf16-rounded inputs).
-ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, C)[0]
+ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, 64)[0]
                               * d_o.astype(jnp.float32))
 try:
   ours = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*sets[0])

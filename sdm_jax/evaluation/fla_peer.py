@@ -12,9 +12,10 @@ use_qk_l2norm=True. fla's chunk_gated_delta_rule is left out (SPEC.md section 7)
 """
 
 import importlib
-import statistics
 
 import numpy as np
+
+from sdm_jax.evaluation.timing import median_ms
 
 PEER_OPS = {"kda": ("fla.ops.kda", "chunk_kda"), "gdn2": ("fla.ops.gdn2", "chunk_gdn2")}
 
@@ -50,22 +51,6 @@ def _to_torch(x, requires_grad=False):
   return tensor.requires_grad_(requires_grad)
 
 
-def _cuda_median_ms(fn, arg_sets, reps):
-  import torch
-  for args in arg_sets:  # warm-up, and Triton's autotuning, outside the timed runs
-    fn(*args)
-  times = []
-  for i in range(reps):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    fn(*arg_sets[i % len(arg_sets)])
-    end.record()
-    end.synchronize()
-    times.append(start.elapsed_time(end))
-  return statistics.median(times)
-
-
 def time_peer(op, arg_sets, readout, reps):
   """Times op's forward and forward+backward (vjp with cotangent `readout` w.r.t. every input).
 
@@ -84,8 +69,8 @@ def time_peer(op, arg_sets, readout, reps):
     o, _ = op(*xs, use_qk_l2norm_in_kernel=True)
     return torch.autograd.grad(o, xs, grad_outputs=cotangent)
 
-  timings = {"fwd_ms": _cuda_median_ms(forward, sets, reps),
-             "fwd_bwd_ms": _cuda_median_ms(forward_backward, sets, reps)}
+  sync = lambda _: torch.cuda.synchronize()
+  timings = {"fwd_ms": median_ms(forward, sets, reps, sync), "fwd_bwd_ms": median_ms(forward_backward, sets, reps, sync)}
   o = forward(*sets[0]).float().cpu().numpy()
   del sets
   torch.cuda.empty_cache()  # JAX shares this GPU

@@ -1,7 +1,7 @@
 """Throughput of the mixer ops over shapes (SPEC.md section 7), with flash-linear-attention as the peer.
 
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
-sum(o * r) w.r.t. every input): median of `reps` warm, device-synchronised runs that rotate
+sum(o * r) w.r.t. every input): median of `reps` warm runs (device kernel time on the GPU, `timing.median_ms`) that rotate
 between 3 input sets. A config that fails (OOM, an impl not built) is recorded with its error
 and the sweep goes on.
 """
