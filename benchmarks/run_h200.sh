@@ -47,13 +47,13 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
+      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} WARPS=${WARPS:-4} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     stages)  # intra_chunk stage by stage (separate launches), chunk 64 and 32, plus ptxas register counts
       run ${STAGES_LIMIT:-300} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
     ncu)  # Nsight Compute on intra_chunk, where the image has it and allows counters
       if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
         NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        run ${NCU_LIMIT:-150} "$NCU" --target-processes all -k regex:intra_chunk -c 1 --section LaunchStats \
+        run ${NCU_LIMIT:-150} "$NCU" --target-processes all -k regex:intra_chunk -c 2 --section LaunchStats \
           --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
           python3 benchmarks/scripts/one_intra_chunk.py 64
       else

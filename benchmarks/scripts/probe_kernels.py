@@ -1,7 +1,7 @@
 """Probe (2026-11-29, sessions 3 to 5): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
-  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 WARPS=4,8 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input
 sets (`timing.median_ms`: device kernel time on the GPU). The op's forward and forward+backward are also
@@ -38,13 +38,14 @@ h0 = jnp.zeros((B, H, K, V), jnp.float32)
 CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
 SUB_BLOCKS = [int(x) for x in os.environ.get("SUB_BLOCKS", "16").split(",")]
-variants = [(kb, sb) for kb in KEY_BLOCKS for sb in SUB_BLOCKS]
+WARPS = [int(x) for x in os.environ.get("WARPS", "4").split(",")]
+variants = [(kb, sb, nw) for kb in KEY_BLOCKS for sb in SUB_BLOCKS for nw in WARPS]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
-  for kb, sb in variants:
-    timed(f"C={C} intra_chunk fwd save_inverse key_block={kb} sub_block={sb}",
-          lambda *a, kb=kb, sb=sb: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, scale=scale, **kw),
-          sets)
+  for kb, sb, nw in variants:
+    timed(f"C={C} intra_chunk fwd save_inverse key_block={kb} sub_block={sb} warps={nw}",
+          lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, num_warps=nw,
+                                                      scale=scale, **kw), sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
   q, u, e, z, g = sets[0]
   timed(f"C={C} state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
@@ -57,9 +58,10 @@ for C in CHUNKS:
         [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
   bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
-  for kb, sb in variants:
-    timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb}",
-          lambda *a, kb=kb, sb=sb: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, scale=scale, **kw), bwd_args)
+  for kb, sb, nw in variants:
+    timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb} warps={nw}",
+          lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, scale=scale,
+                                                          **kw), bwd_args)
 
 # The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, per chunk size.
 for chunk in CHUNKS:
