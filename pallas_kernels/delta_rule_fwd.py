@@ -45,24 +45,17 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   C, K = q_ref.shape
   V = z_ref.shape[-1]
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
-  zeros = jnp.zeros((C, C), f32)
-
-  def gram(x_ref, x_scale, diagonal):
-    """sum over key blocks of the strictly lower decayed Gram of x with u (plus x . u on the diagonal)."""
-    def block(i, acc):
-      G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
-      x, u = columns(x_ref, i, kb) * x_scale, columns(u_ref, i, kb)
-      acc += cm.decayed_grams([x], u, G, io, sub_block)[0]
-      return acc + jnp.where(eye, jnp.sum(x * u, axis=1, keepdims=True), 0.0) if diagonal else acc
-
-    return jax.lax.fori_loop(0, K // kb, block, zeros)
-
-  # One [C, C] matrix at a time stays live (the kernel is register bound): T, then its inverse A while
-  # Y and U are formed, then A_qk.
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
-  A = cm.unit_lower_inverse(gram(e_ref, 1.0, False), dots)
-  if inverse_ref:
-    inverse_ref[0][...] = A
+
+  def gram_block(i, acc):
+    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+    T, A_qk = cm.decayed_grams([e, q], u, G, io, sub_block)
+    return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
+
+  zeros = jnp.zeros((C, C), f32)
+  T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
+  A = cm.unit_lower_inverse(T, dots)
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
@@ -81,7 +74,9 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
 
   jax.lax.fori_loop(0, K // kb, y_block, 0)
   jax.lax.fori_loop(0, V // vb, u_block, 0)
-  aqk_ref[...] = gram(q_ref, scale, True).astype(aqk_ref.dtype)
+  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
+  if inverse_ref:
+    inverse_ref[0][...] = A
 
 
 def state_dot(io_dtype, interpret):
