@@ -218,7 +218,8 @@ def last_row(G):
   return jnp.sum(jnp.where(iota(G.shape, 0) == G.shape[0] - 1, G, 0.0), axis=0)
 
 
-def lower_ones(C, strict):
-  """[C, C] 0/1: row t sums rows r < t (strict) or r <= t of what it multiplies."""
+def lower_ones(C, strict, loop_index=0):
+  """[C, C] 0/1: row t sums rows r < t (strict) or r <= t of what it multiplies. Inside a loop, pass
+  its index: the matrix is then rebuilt where it is used instead of held in registers across the loop."""
   r, c = iota((C, C), 0), iota((C, C), 1)
-  return ((c < r) if strict else (c <= r)).astype(jnp.float32)
+  return (((c < r) if strict else (c <= r)) & (loop_index >= 0)).astype(jnp.float32)

@@ -116,7 +116,6 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
   d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
   d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
   d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-  suffix, prefix = cm.lower_ones(C, strict=False).T, cm.lower_ones(C, strict=True)
 
   def grad_block(i, carry):
     keys = pl.ds(i * kb, kb)
@@ -132,6 +131,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
     d_u += to_end * d_w + d_aqk_diag * q
     d_G += e * decay * d_e_decayed + q * decay * d_qd
     # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)).
+    suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
     dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * to_end * d_w, near)
                        + jnp.exp(G_last) * d_decay[None, :])
     dq_ref[:, keys] = (d_q * scale).astype(dq_ref.dtype)
