@@ -8,7 +8,7 @@ Two launches, the forward's in reverse:
                   and dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T,
                   dA_qk, dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates
                   inside dA), the decayed Gram matrices and the decays, down to dq, du, de, dz and dg.
-                  Key channels go in blocks of KEY_BLOCK so the [C, K] work stays in registers.
+                  Key channels go in blocks (`default_key_block`) so the [C, K] work stays in registers.
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (KEY_BLOCK, VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, params,
+from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, default_key_block, params,
                                            seq_spec, state_dot, state_spec, states_spec)
 
 
@@ -143,7 +143,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_r
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=KEY_BLOCK,
+def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
                     sub_block=cm.SUB_BLOCK, num_warps=4, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
@@ -157,8 +157,8 @@ def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
   return pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block, sub_block=sub_block,
-                        interpret=interpret),
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block or default_key_block(C, True),
+                        sub_block=sub_block, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
           jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32)),
       grid=(B, H, T // C),

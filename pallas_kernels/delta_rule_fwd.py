@@ -28,7 +28,14 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
-KEY_BLOCK = 32  # default key channels per step of the intra-chunk kernels: [C, KEY_BLOCK] tiles stay in registers
+# Key channels per step of the intra-chunk kernels ([C, key block] tiles stay in registers), by chunk
+# size, the fastest measured on the H200 (2026-11-29, benchmarks/2026-11-29_h200_session6.md): forward 16 at
+# chunk 64 (1.473 ms against 1.993 at 32), 32 below; backward 32 at chunk 64 (5.713 against 6.947 at 16),
+# 16 below.
+def default_key_block(chunk_size, backward=False):
+  return (32 if chunk_size >= 64 else 16) if backward else (16 if chunk_size >= 64 else 32)
+
+
 VALUE_BLOCK = 32
 
 
@@ -118,7 +125,7 @@ def chunk_row_spec(K):
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
                                              "num_warps", "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, sub_block=cm.SUB_BLOCK,
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
                 num_warps=4, interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
@@ -135,8 +142,8 @@ def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_blo
     out_shape.append(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32))
     out_specs.append(chunk_spec(C, C))
   return pl.pallas_call(
-      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block, sub_block=sub_block,
-                        interpret=interpret),
+      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block or default_key_block(C),
+                        sub_block=sub_block, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
