@@ -11,6 +11,7 @@ from sdm_jax.evaluation import fla_peer
 from sdm_jax.evaluation.op_bench import parse_shapes, run_sweep, write_report
 from sdm_jax.evaluation.op_compare import compare_impls, error_row, format_report
 from sdm_jax.evaluation.op_inputs import MIXERS, make_op_inputs
+from sdm_jax.evaluation import timing
 from sdm_jax.evaluation.timing import run_metadata
 
 GATE_GRADS = {"gdn": {"dbeta"}, "gdn2": {"db", "dw"}}
@@ -73,7 +74,7 @@ def test_bench_sweep_records_failures_and_writes_report(tmp_path):
   paths = write_report(records, meta, str(tmp_path), "tiny")
   with open(paths["json"]) as f:
     saved = json.load(f)
-  assert {"date", "device", "command", "jax_version", "config", "peer", "results"} <= set(saved)
+  assert {"date", "device", "command", "jax_version", "timer", "config", "peer", "results"} <= set(saved)
   assert saved["results"] == records
   with open(paths["md"]) as f:
     markdown = f.read()
@@ -139,3 +140,17 @@ def test_sdm_report_lists_times_and_errors(tmp_path):
   assert "| addressing | 2.000 | - |  |" in markdown
   assert "| sdm pallas | - | - | ValueError: nope |" in markdown
   assert "| row traffic | 2.000 | - | 51.5 GB of rows at 25770 GB/s |" in markdown
+
+
+def test_median_ms_off_the_gpu_is_wall_time_of_synchronised_calls():
+  """On the CPU there is no CUPTI: the timer says so, kernel_times refuses, and median_ms times each
+  call with its sync (a sync that sleeps shows up in the median)."""
+  import time
+  assert timing.timer_name().startswith("host wall clock")
+  with pytest.raises(RuntimeError, match="GPU"):
+    timing.kernel_times(lambda: None)
+  synced = []
+  slow_sync = lambda result: (synced.append(result), time.sleep(0.02))
+  ms = timing.median_ms(lambda x: x + 1, [(1,), (2,)], reps=3, sync=slow_sync)
+  assert 20 <= ms < 1000, ms
+  assert synced == [2, 3, 2, 3, 2]  # two warm-up runs, then three timed ones rotating the input sets
