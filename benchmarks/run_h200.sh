@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of probe stages ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of probe stages ops scan ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -50,6 +50,15 @@ for step in $steps; do
       run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} WARPS=${WARPS:-4} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     stages)  # intra_chunk stage by stage (separate launches), chunk 64 and 32, plus ptxas register counts
       run ${STAGES_LIMIT:-300} env KEY_BLOCK=${KEY_BLOCK:-16} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
+    ops)  # our op and fla's, kernel by kernel, in one process (probe_ops.py)
+      run ${OPS_LIMIT:-300} python3 benchmarks/scripts/probe_ops.py ${OPS_MIXERS:-gdn2,kda} ${OPS_SHAPE:-4x4096} ;;
+    scan)  # every impl against scan on the GPU at a shorter T that is not a whole number of chunks (19 of 64)
+      for dt in ${KERNEL_DTYPES:-float32 bfloat16}; do
+        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do
+          run ${SCAN_LIMIT:-100} python3 -m experiments.compare_impls --mixer=$m --impls=scan,chunk,pallas --batch=2 \
+            --seq_len=${SCAN_T:-1200} --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/scan_${m}_$dt.json"
+        done
+      done ;;
     ncu)  # Nsight Compute on intra_chunk, where the image has it and allows counters
       if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
         NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -53,11 +53,11 @@ class Timer:
     return "\n".join(lines)
 
 
-def breakdown(name, fn, args, top=12):
+def breakdown(name, fn, args, top=12, sync=jax.block_until_ready):
   """Prints the kernels of one run of fn(*args) by device time (CUPTI), same-named kernels summed."""
   try:
     totals = {}
-    for kernel, ms in kernel_times(lambda: jax.block_until_ready(fn(*args))):
+    for kernel, ms in kernel_times(lambda: sync(fn(*args))):
       totals[kernel] = totals.get(kernel, 0.0) + ms
   except Exception as error:
     print(f"breakdown of {name} FAILED {type(error).__name__}: {str(error).splitlines()[0][:200]}", flush=True)

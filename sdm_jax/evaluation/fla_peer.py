@@ -41,7 +41,7 @@ def load_peer(mixer):
   return op, f"{module_name}.{name} ({versions})"
 
 
-def _to_torch(x, requires_grad=False):
+def to_torch(x, requires_grad=False):
   import torch
   x = np.asarray(x)
   if x.dtype.name == "bfloat16":  # numpy has no bf16 of its own; the fp32 round trip is exact
@@ -58,8 +58,8 @@ def time_peer(op, arg_sets, readout, reps):
   Returns ({"fwd_ms", "fwd_bwd_ms"}, o of the first set as np.float32).
   """
   import torch
-  sets = [[_to_torch(x, requires_grad=True) for x in args.values()] for args in arg_sets]
-  cotangent = _to_torch(readout).to(sets[0][2].dtype)
+  sets = [[to_torch(x, requires_grad=True) for x in args.values()] for args in arg_sets]
+  cotangent = to_torch(readout).to(sets[0][2].dtype)
 
   def forward(*xs):
     with torch.no_grad():

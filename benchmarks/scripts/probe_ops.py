@@ -1,0 +1,55 @@
+"""Probe (2026-11-30, session 7): the whole op of ours (impl="pallas") and of fla, kernel by kernel, in one
+process at one shape, so each of our kernels can be set against the fla stage it competes with.
+
+  PYTHONPATH=. python3 benchmarks/scripts/probe_ops.py gdn2,kda 4x4096
+
+Inputs from `op_inputs.make_op_inputs` (H 16, K = V = 128, bf16, as bench_ops); forward, and forward +
+backward with cotangent r for o. Per kernel: device time of one warm run (CUPTI), same-named kernels summed.
+"""
+import os
+import sys
+import warnings
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+warnings.filterwarnings("ignore")
+
+import jax
+import numpy as np
+
+from sdm_jax.evaluation import fla_peer
+from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
+
+from probe_common import breakdown
+
+mixers, shape = sys.argv[1].split(","), sys.argv[2]
+B, T = (int(n) for n in shape.split("x"))
+H, K = 16, 128
+for mixer in mixers:
+  fn, args = make_op_inputs(mixer, B, T, H, K, K, "bfloat16", 0, initial_state=False)
+  readout, _ = make_readouts(B, T, H, K, K, "bfloat16", 0, state=False)
+  fwd = jax.jit(lambda a: fn(a, impl="pallas", chunk_size=64)[0])
+  step = jax.jit(jax.grad(make_loss(fn, "pallas", 64), has_aux=True))
+  for run in range(2):  # the first run compiles
+    breakdown(f"{mixer} {shape} ours fwd (run {run})", fwd, (args,))
+    breakdown(f"{mixer} {shape} ours fwd+bwd (run {run})", step, (args, readout, None))
+  op, note = fla_peer.load_peer(mixer)
+  print(f"peer: {note}", flush=True)
+  if op is None:
+    continue
+  import torch
+  xs = [fla_peer.to_torch(np.asarray(x), requires_grad=True) for x in args.values()]
+  cotangent = fla_peer.to_torch(np.asarray(readout)).to(xs[2].dtype)
+  sync = lambda _: torch.cuda.synchronize()
+
+  def peer_fwd(*xs):
+    with torch.no_grad():
+      return op(*xs, use_qk_l2norm_in_kernel=True)[0]
+
+  def peer_step(*xs):
+    return torch.autograd.grad(op(*xs, use_qk_l2norm_in_kernel=True)[0], xs, grad_outputs=cotangent)
+
+  for run in range(3):  # fla autotunes on its first runs
+    breakdown(f"{mixer} {shape} fla fwd (run {run})", peer_fwd, xs, top=20, sync=sync)
+    breakdown(f"{mixer} {shape} fla fwd+bwd (run {run})", peer_step, xs, top=30, sync=sync)
+  del xs
+  torch.cuda.empty_cache()
