@@ -44,11 +44,8 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
-                        *inverse_ref, scale, key_block, sub_block, interpret):
-  f32 = jnp.float32
-  dots = cm.precisions(z_ref.dtype, interpret)
-  io = dots.io
+def grams_and_inverse(q_ref, u_ref, e_ref, g_ref, *, scale, key_block, sub_block, dots):
+  """(A = (I + T)^-1 fp32, A_qk fp32) [C, C] of one chunk, key_block key channels at a time."""
   C, K = q_ref.shape
   kb = min(key_block, K)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
@@ -56,25 +53,47 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   def gram_block(i, acc):
     G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
     q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
-    T, A_qk = cm.decayed_grams([e, q], u, G, io, sub_block)
+    T, A_qk = cm.decayed_grams([e, q], u, G, dots.io, sub_block)
     return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
 
-  zeros = jnp.zeros((C, C), f32)
+  zeros = jnp.zeros((C, C), jnp.float32)
   T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
-  A = cm.unit_lower_inverse(T, dots)
+  return cm.unit_lower_inverse(T, dots), A_qk
+
+
+def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
+                        *inverse_ref, scale, key_block, sub_block, interpret):
+  dots = cm.precisions(z_ref.dtype, interpret)
+  A, A_qk = grams_and_inverse(q_ref, u_ref, e_ref, g_ref, scale=scale, key_block=key_block, sub_block=sub_block,
+                              dots=dots)
   write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
-               key_block=kb, io=io)
+               key_block=key_block, io=dots.io)
   aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
   if inverse_ref:
     inverse_ref[0][...] = A
 
 
+def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
+  A, A_qk = grams_and_inverse(q_ref, u_ref, e_ref, g_ref, scale=scale, key_block=key_block, sub_block=sub_block,
+                              dots=cm.precisions(aqk_ref.dtype, interpret))
+  a_ref[...] = A
+  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
+
+
+def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
+                   key_block, value_block, interpret):
+  io = cm.precisions(z_ref.dtype, interpret).io
+  A = a_ref[...]
+  write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
+               key_block=key_block, io=io, value_block=value_block)
+
+
 def write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale, key_block,
-                 io):
+                 io, value_block=VALUE_BLOCK):
   """intra_chunk's outputs that follow from the inverse A: Y = A (e * exp(G)), U = A z, and the decays
   q~, u~, exp(G_C), key_block key channels at a time (io: the precision of the Y and U dots)."""
   K, V = q_ref.shape[-1], z_ref.shape[-1]
-  kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
+  kb, vb = min(key_block, K), min(value_block, V)
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
@@ -133,28 +152,49 @@ def chunk_row_spec(K):
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
-                                             "num_warps", "interpret"))
+                                             "num_warps", "split", "solve_key_block", "solve_value_block",
+                                             "interpret"))
 def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
-                num_warps=4, interpret=False):
+                num_warps=4, split=False, solve_key_block=32, solve_value_block=VALUE_BLOCK, interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
-  and with save_inverse A [B, T, H, C] fp32."""
+  and with save_inverse A [B, T, H, C] fp32.
+
+  split: two launches, the grams and the inverse (writing A), then Y, U and the decays from A
+  (solve_key_block / solve_value_block channels at a time)."""
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
   key = jax.ShapeDtypeStruct((B, T, H, K), z.dtype)
-  out_shape = [key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), jax.ShapeDtypeStruct((B, T, H, C), z.dtype), key,
-               key, jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)]
-  out_specs = [chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C), chunk_spec(C, K), chunk_spec(C, K),
-               chunk_row_spec(K)]
+  inverse = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
+  solved_shape = [key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), key, key,
+                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)]
+  solved_specs = [chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)]
+  kb = key_block or default_key_block(C)
+  grid = (B, H, T // C)
+  if split:
+    A, aqk = pl.pallas_call(
+        functools.partial(_gram_solve_kernel, scale=scale, key_block=kb, sub_block=sub_block, interpret=interpret),
+        out_shape=(inverse, jax.ShapeDtypeStruct((B, T, H, C), z.dtype)), grid=grid,
+        in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2, compiler_params=params(num_warps),
+        interpret=interpret, name="delta_rule_gram_solve")(q, u, e, g)
+    y, w, qd, ud, decay = pl.pallas_call(
+        functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
+                          interpret=interpret),
+        out_shape=tuple(solved_shape), grid=grid,
+        in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
+        out_specs=tuple(solved_specs), compiler_params=params(num_warps), interpret=interpret,
+        name="delta_rule_solved")(A, q, u, e, z, g)
+    return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
+  out_shape = solved_shape[:2] + [jax.ShapeDtypeStruct((B, T, H, C), z.dtype)] + solved_shape[2:]
+  out_specs = solved_specs[:2] + [chunk_spec(C, C)] + solved_specs[2:]
   if save_inverse:
-    out_shape.append(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32))
+    out_shape.append(inverse)
     out_specs.append(chunk_spec(C, C))
   return pl.pallas_call(
-      functools.partial(_intra_chunk_kernel, scale=scale, key_block=key_block or default_key_block(C),
-                        sub_block=sub_block, interpret=interpret),
+      functools.partial(_intra_chunk_kernel, scale=scale, key_block=kb, sub_block=sub_block, interpret=interpret),
       out_shape=tuple(out_shape),
-      grid=(B, H, T // C),
+      grid=grid,
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
       out_specs=tuple(out_specs),
       compiler_params=params(num_warps),
