@@ -49,7 +49,7 @@ for step in $steps; do
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
       run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} WARPS=${WARPS:-4} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     stages)  # intra_chunk stage by stage (separate launches), chunk 64 and 32, plus ptxas register counts
-      run ${STAGES_LIMIT:-300} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
+      run ${STAGES_LIMIT:-300} env KEY_BLOCK=${KEY_BLOCK:-16} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
     ncu)  # Nsight Compute on intra_chunk, where the image has it and allows counters
       if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
         NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -1,11 +1,12 @@
 """Probe (2026-11-29, session 6): where intra_chunk's time goes, stage by stage, as separate launches.
 
-  PYTHONPATH=. python3 benchmarks/scripts/probe_stages.py 4,4096,16 [dump_dir]
+  KEY_BLOCK=16 PYTHONPATH=. python3 benchmarks/scripts/probe_stages.py 4,4096,16 [dump_dir]
 
 Each stage of `delta_rule_fwd.intra_chunk` runs alone on the same (B, H, N) grid: a copy kernel that
 reads and writes what intra_chunk does (the launch's memory floor), the decayed grams (with and without
 the elementwise sub-blocks and the tree levels; the partial ones are timing only), the inverse (full, and
-its parts, timing only), and the Y/U/decays stage from a given inverse. Chunk sizes 64 and 32. With a
+its parts, timing only), the Y/U/decays stage from a given inverse, and inverse with Y/U in one launch
+(grams + solve: intra_chunk split in two). Chunk sizes 64 and 32. With a
 dump_dir, the compiled intra_chunk's PTX is dumped there and `ptxas -v` (when found) reports registers and
 spills. GDN-2 inputs, bf16 io.
 """
@@ -24,6 +25,7 @@ warnings.filterwarnings("ignore")
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
@@ -32,7 +34,7 @@ from sdm_jax.ops.pallas import delta_rule_pallas
 
 from probe_common import Timer, gdn2_inputs
 
-KEY_BLOCK = 32  # the kernels' key block when this probe ran (session 6, call 1)
+KEY_BLOCK = int(os.environ.get("KEY_BLOCK", "32"))  # 32 in session 6's call 1
 B, T, H = (int(x) for x in sys.argv[1].split(","))
 K = V = 128
 scale = K**-0.5
@@ -104,9 +106,17 @@ def inverse_kernel(t_ref, a_ref, *, levels, newton):
   a_ref[...] = A
 
 
-def apply_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, kb=KEY_BLOCK):
+def apply_kernel(a_ref, *refs):
+  apply(a_ref[...], *refs)
+
+
+def solve_kernel(t_ref, *refs):
+  """The inverse and Y/U in one launch: with grams_kernel, intra_chunk split in two."""
+  apply(cm.unit_lower_inverse(t_ref[...], cm.precisions(refs[3].dtype, interpret)), *refs)
+
+
+def apply(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, kb=KEY_BLOCK):
   dots = cm.precisions(z_ref.dtype, interpret)
-  A = a_ref[...]
   vb = VALUE_BLOCK
 
   def y_block(i, carry):
@@ -153,8 +163,15 @@ for C in (64, 32):
     timed(f"C={C} {name}", lambda *a, C=C, kw=kw: call(functools.partial(inverse_kernel, **kw), a, [sq(f32)], C), Ts)
   As = [(call(functools.partial(inverse_kernel, levels=True, newton=True), t, [sq(f32)], C)[0], *s)
         for t, s in zip(Ts, sets)]
-  timed(f"C={C} Y, U and decays from A",
-        lambda *a, C=C: call(apply_kernel, a, [key, val, key, key, ((B, T // C, H, K), f32)], C), As)
+  ys = [key, val, key, key, ((B, T // C, H, K), f32)]
+  timed(f"C={C} Y, U and decays from A", lambda *a, C=C: call(apply_kernel, a, ys, C), As)
+  timed(f"C={C} inverse + Y, U and decays from T (solve)", lambda *a, C=C: call(solve_kernel, a, ys, C),
+        [(t, *s) for (t,), s in zip(Ts, sets)])
+  split = call(solve_kernel, (Ts[0][0], *sets[0]), ys, C)
+  fused = intra_chunk(*sets[0], scale=scale, chunk_size=C, interpret=interpret)
+  for name, a, b in zip(("Y", "U"), split, fused):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    print(f"C={C} split against fused intra_chunk, {name}: rel err {np.linalg.norm(a - b) / np.linalg.norm(b):.1e}")
   for warps in (2, 8):
     timed(f"C={C} grams (as used), {warps} warps",
           lambda *a, C=C, w=warps: call(functools.partial(grams_kernel, blocks=True, levels=True, sub=cm.SUB_BLOCK), a,
