@@ -50,8 +50,7 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   dots = cm.precisions(z_ref.dtype, interpret)
   io = dots.io
   C, K = q_ref.shape
-  V = z_ref.shape[-1]
-  kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
+  kb = min(key_block, K)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
   def gram_block(i, acc):
@@ -63,6 +62,19 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
   zeros = jnp.zeros((C, C), f32)
   T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
   A = cm.unit_lower_inverse(T, dots)
+  write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
+               key_block=kb, io=io)
+  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
+  if inverse_ref:
+    inverse_ref[0][...] = A
+
+
+def write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale, key_block,
+                 io):
+  """intra_chunk's outputs that follow from the inverse A: Y = A (e * exp(G)), U = A z, and the decays
+  q~, u~, exp(G_C), key_block key channels at a time (io: the precision of the Y and U dots)."""
+  K, V = q_ref.shape[-1], z_ref.shape[-1]
+  kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
@@ -81,9 +93,6 @@ def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref
 
   jax.lax.fori_loop(0, K // kb, y_block, 0)
   jax.lax.fori_loop(0, V // vb, u_block, 0)
-  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
-  if inverse_ref:
-    inverse_ref[0][...] = A
 
 
 def state_dot(io_dtype, interpret):

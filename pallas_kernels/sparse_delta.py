@@ -20,6 +20,7 @@ v [.., V]; table [B, H, N, V] fp32. W, R, C >= 16 and V a multiple of block_v (d
 """
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,19 +30,31 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
+class TileTools(NamedTuple):
+  """What the SDM kernels (forward and backward) use on one value tile of bv columns of a chunk:
+  row: [C, bv] row numbers; at_rows(idx): the indexer of the table rows at a vector of slot indices (both
+  indexers arrays: a gather); dot: near-fp32 products; barrier: between a program's row reads and writes
+  (the interpreter runs a program's memory operations in order; on the GPU the warps need it)."""
+  row: jax.Array
+  at_rows: Callable
+  dot: Callable
+  barrier: Callable
+
+
+def tile_tools(C, bv, interpret):
+  cols = cm.iota((1, bv), 1)
+  return TileTools(row=cm.iota((C, bv), 0), at_rows=lambda idx: (idx[:, None], cols),
+                   dot=functools.partial(cm.dot, precision=cm.precisions(jnp.float32, interpret).near),
+                   barrier=(lambda: None) if interpret else pltriton.debug_barrier)
+
+
 def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref, keep_ref, slot_write_ref,
             first_ref, v_ref, table_in_ref, table_ref, o_ref, *rows_ref, num_chunks, interpret):
   del table_in_ref  # aliased with table_ref
   f32 = jnp.float32
   C = solve_ref.shape[-1]
   bv = v_ref.shape[-1]
-  row = cm.iota((C, bv), 0)
-  cols = cm.iota((1, bv), 1)
-  dot = functools.partial(cm.dot, precision=cm.precisions(jnp.float32, interpret).near)
-  # The interpreter runs a program's memory operations in order; on the GPU the warps need a barrier.
-  barrier = (lambda: None) if interpret else pltriton.debug_barrier
-  # Rows of the table's column tile at a vector of slot indices (both indexers arrays: a gather).
-  at_rows = lambda idx: (idx[:, None], cols)
+  row, at_rows, dot, barrier = tile_tools(C, bv, interpret)
 
   def chunk(n, carry):
     def read(t, acc):

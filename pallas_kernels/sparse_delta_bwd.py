@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels import chunk_math as cm
+from pallas_kernels.sparse_delta import tile_tools
 
 
 def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, solve_ref, aqk_ref, keep_ref, first_ref, write_coef_ref, slot_r0_ref,
@@ -39,11 +39,7 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, solve_ref, aqk_ref, keep_ref, fir
   f32 = jnp.float32
   C = solve_ref.shape[-1]
   bv = v_ref.shape[-1]
-  row = cm.iota((C, bv), 0)
-  cols = cm.iota((1, bv), 1)
-  dot = functools.partial(cm.dot, precision=cm.precisions(jnp.float32, interpret).near)
-  barrier = (lambda: None) if interpret else pltriton.debug_barrier
-  at_rows = lambda idx: (idx[:, None], cols)
+  row, at_rows, dot, barrier = tile_tools(C, bv, interpret)
   row_of = lambda x, t: jnp.sum(jnp.where(row == t, x, 0.0), axis=0, keepdims=True)  # [C, bv] -> [1, bv]
 
   def accumulate(rows, update):

@@ -20,6 +20,16 @@ def gdn2_inputs(B, T, H, K, V, seed, dtype=jnp.float32):
   return [jnp.asarray(x, dtype) for x in (q, k, b * k, w * v)] + [jnp.asarray(g, jnp.float32)]
 
 
+def gdn2_probe(shape_arg):
+  """The probes' shared setup from 'B,T,H': (B, T, H, K = V = 128, bf16, scale, interpret, 3 input sets),
+  with a header line naming the device and the timer."""
+  B, T, H = (int(x) for x in shape_arg.split(","))
+  K, dtype = 128, jnp.bfloat16
+  print(f"B={B} T={T} H={H} K=V={K} bf16; {jax.devices()[0].device_kind}; timer: {timer_name()}", flush=True)
+  return B, T, H, K, dtype, K**-0.5, jax.default_backend() != "gpu", [gdn2_inputs(B, T, H, K, K, s, dtype)
+                                                                       for s in range(3)]
+
+
 class Timer:
   """timer(name, fn, arg_sets): compile, then the median of 10 warm runs; failures are printed, not raised."""
 

@@ -23,17 +23,11 @@ from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
-from probe_common import Timer, breakdown, gdn2_inputs, timer_name
+from probe_common import Timer, breakdown, gdn2_probe
 
-B, T, H = (int(x) for x in sys.argv[1].split(","))
-K = V = 128
-scale = K**-0.5
-interpret = jax.default_backend() != "gpu"
-dtype = jnp.bfloat16
+B, T, H, K, dtype, scale, interpret, sets = gdn2_probe(sys.argv[1])
+V = K
 timed = Timer()
-
-print(f"B={B} T={T} H={H} K=V={K} bf16; {jax.devices()[0].device_kind}; timer: {timer_name()}", flush=True)
-sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
 CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]

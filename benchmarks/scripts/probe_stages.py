@@ -29,20 +29,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import VALUE_BLOCK, chunk_row_spec, chunk_spec, columns, intra_chunk, params
+from pallas_kernels.delta_rule_fwd import chunk_row_spec, chunk_spec, columns, intra_chunk, params, write_solved
 from sdm_jax.ops.pallas import delta_rule_pallas
 
-from probe_common import Timer, gdn2_inputs
+from probe_common import Timer, gdn2_probe
 
 KEY_BLOCK = int(os.environ.get("KEY_BLOCK", "32"))  # 32 in session 6's call 1
-B, T, H = (int(x) for x in sys.argv[1].split(","))
-K = V = 128
-scale = K**-0.5
-interpret = jax.default_backend() != "gpu"
-dtype = jnp.bfloat16
+B, T, H, K, dtype, scale, interpret, sets = gdn2_probe(sys.argv[1])
+V = K
 timed = Timer()
-print(f"B={B} T={T} H={H} K=V={K} bf16; {jax.devices()[0].device_kind}", flush=True)
-sets = [gdn2_inputs(B, T, H, K, V, s, dtype) for s in range(3)]
 
 
 def call(kernel, args, outs, C, warps=4):
@@ -115,27 +110,8 @@ def solve_kernel(t_ref, *refs):
   apply(cm.unit_lower_inverse(t_ref[...], cm.precisions(refs[3].dtype, interpret)), *refs)
 
 
-def apply(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, kb=KEY_BLOCK):
-  dots = cm.precisions(z_ref.dtype, interpret)
-  vb = VALUE_BLOCK
-
-  def y_block(i, carry):
-    keys = pl.ds(i * kb, kb)
-    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
-    decay = jnp.exp(G)
-    y_ref[:, keys] = cm.dot(A, columns(e_ref, i, kb) * decay, dots.io).astype(y_ref.dtype)
-    G_last = cm.last_row(G)
-    qd_ref[:, keys] = (columns(q_ref, i, kb) * (scale * decay)).astype(qd_ref.dtype)
-    ud_ref[:, keys] = (columns(u_ref, i, kb) * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
-    decay_ref[keys] = jnp.exp(G_last)
-    return carry
-
-  def u_block(j, carry):
-    w_ref[:, pl.ds(j * vb, vb)] = cm.dot(A, columns(z_ref, j, vb), dots.io).astype(w_ref.dtype)
-    return carry
-
-  jax.lax.fori_loop(0, K // kb, y_block, 0)
-  jax.lax.fori_loop(0, V // vb, u_block, 0)
+def apply(A, *refs):
+  write_solved(A, *refs, scale=scale, key_block=KEY_BLOCK, io=cm.precisions(refs[3].dtype, interpret).io)
 
 
 for C in (64, 32):

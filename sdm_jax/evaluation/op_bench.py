@@ -1,9 +1,9 @@
 """Throughput of the mixer ops over shapes (SPEC.md section 7), with flash-linear-attention as the peer.
 
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
-sum(o * r) w.r.t. every input): median of `reps` warm runs (device kernel time on the GPU, `timing.median_ms`) that rotate
-between 3 input sets. A config that fails (OOM, an impl not built) is recorded with its error
-and the sweep goes on.
+sum(o * r) w.r.t. every input): median of `reps` warm runs that rotate between 3 input sets (on
+the GPU, device kernel time: `timing.median_ms`). A config that fails (OOM, an impl not built) is
+recorded with its error and the sweep goes on.
 """
 
 
