@@ -21,7 +21,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, default_key_block, params,
@@ -80,8 +79,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
   rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
   zeros = jnp.zeros((C, C), f32)
-  # The interpreter runs a program's memory operations in order; on the GPU the warps need a barrier.
-  barrier = (lambda: None) if interpret else pltriton.debug_barrier
+  barrier = cm.barrier(interpret)
 
   def part(n, i):
     """Scratch columns of part n (0: d e, 1: d q~, 2: d u) for key block i, in the fp32 `parts` output."""
