@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import triton as pltriton
 
 # Near-fp32 tensor-core products (three TF32 passes); plain TF32 gave ~6e-4 relative error in the inverse.
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
@@ -223,3 +224,9 @@ def lower_ones(C, strict, loop_index=0):
   its index: the matrix is then rebuilt where it is used instead of held in registers across the loop."""
   r, c = iota((C, C), 0), iota((C, C), 1)
   return (((c < r) if strict else (c <= r)) & (loop_index >= 0)).astype(jnp.float32)
+
+
+def barrier(interpret):
+  """A barrier between a program's writes and its later reads of the same memory: the interpreter runs a
+  program's memory operations in order, on the GPU its warps need one."""
+  return (lambda: None) if interpret else pltriton.debug_barrier

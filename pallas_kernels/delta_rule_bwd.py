@@ -69,85 +69,97 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
   )(qd, ud, decay, y, aqk, d_o, d_final_state)
 
 
-def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, *, scale, key_block, sub_block, interpret):
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
+                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, parts_ref, *, scale, key_block, sub_block,
+                            interpret):
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
   V = z_ref.shape[-1]
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
   rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  zeros = jnp.zeros((C, C), f32)
+  barrier = cm.barrier(interpret)
+
+  def part(n, i):
+    """Scratch columns of part n (0: d e, 1: d q~, 2: d u) for key block i, in the fp32 `parts` output."""
+    return pl.ds(n * K + i * kb, kb)
+
+  # Pass 1, over V blocks: dz = A^T dR and dA = dR z^T (+ dY (e exp(G))^T in pass 2).
   A = a_ref[...]
 
-  # Products with only C x C results, one V block at a time: dA_qk = dO R^T, dA = dR z^T (+ dY E^T
-  # below), dz = A^T dR.
-  def v_block(j, acc):
-    d_o, d_r = columns(do_ref, j, vb), columns(dr_ref, j, vb)
+  def v_block(j, d_a):
+    d_r = columns(dr_ref, j, vb)
     dz_ref[:, pl.ds(j * vb, vb)] = cm.dot(A.T, d_r, io).astype(dz_ref.dtype)
-    return (acc[0] + cm.dot(d_o, columns(r_ref, j, vb).T, io),
-            acc[1] + cm.dot(d_r, columns(z_ref, j, vb).T, io))
+    return d_a + cm.dot(d_r, columns(z_ref, j, vb).T, io)
 
-  zeros = jnp.zeros((C, C), f32)
-  d_aqk, d_a = jax.lax.fori_loop(0, V // vb, v_block, (zeros, zeros))
+  d_a = jax.lax.fori_loop(0, V // vb, v_block, zeros)
 
-  def key_block(i, all_products=True):
-    """(G, state block [kb, V] products) of key block i: dY = -dR S^T, and with all_products also
-    dQ~ = dO S^T, dW = R dS^T and d exp(G_C) (the first pass over key blocks needs only dY)."""
+  # Pass 2, over key blocks: every product with the states, each state block read once (dY = -dR S^T,
+  # dQ~ = dO S^T, dW = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in fp32
+  # scratch (dg's in dg itself) until pass 4 adds the pair terms. Only A and dA stay live.
+  def state_block(i, d_a):
     keys = pl.ds(i * kb, kb)
     d_y, d_qd, d_w = (jnp.zeros((C, kb), f32) for _ in range(3))
     d_decay = jnp.zeros((kb,), f32)
     for j in range(V // vb):
       values = pl.ds(j * vb, vb)
-      state = s_ref[keys, values]
+      state, d_state = s_ref[keys, values], ds_ref[keys, values]
       d_y -= cm.dot(columns(dr_ref, j, vb), state.T, io)
-      if all_products:
-        d_state = ds_ref[keys, values]
-        d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
-        d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
-        d_decay += jnp.sum(state * d_state, axis=1)
-    return jnp.cumsum(columns(g_ref, i, kb), axis=0), d_y, d_qd, d_w, d_decay
-
-  # Y = A (e * exp(G)): dA += dY (e * exp(G))^T, over all key blocks before dT can be formed.
-  def d_a_block(i, d_a):
-    G, d_y, _, _, _ = key_block(i, all_products=False)
-    return d_a + cm.dot(d_y, (columns(e_ref, i, kb) * jnp.exp(G)).T, io)
-
-  d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, d_a_block, d_a), 0.0)
-  d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
-  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
-  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-
-  def grad_block(i, carry):
-    keys = pl.ds(i * kb, kb)
-    G, d_y, d_qd, d_w, d_decay = key_block(i)
-    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+      d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
+      d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
+      d_decay += jnp.sum(state * d_state, axis=1)
+    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
     decay = jnp.exp(G)
     G_last = cm.last_row(G)[None, :]
     to_end = jnp.exp(G_last - G)
-    d_e_decayed = cm.dot(A.T, d_y, io)
-    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sub_block)
-    d_e += decay * d_e_decayed
-    d_q += decay * d_qd + d_aqk_diag * u
-    d_u += to_end * d_w + d_aqk_diag * q
-    d_G += e * decay * d_e_decayed + q * decay * d_qd
-    # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)).
+    e, u = columns(e_ref, i, kb), columns(u_ref, i, kb)
+    e_decayed = e * decay
+    d_e = decay * cm.dot(A.T, d_y, io)
+    d_qd *= decay
+    parts_ref[:, part(0, i)] = d_e
+    parts_ref[:, part(1, i)] = d_qd
+    parts_ref[:, part(2, i)] = to_end * d_w
+    # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)); pass 4 adds the
+    # suffix sums of the pair terms' dG.
+    d_G = e * d_e + columns(q_ref, i, kb) * scale * d_qd
     suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
     dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * to_end * d_w, near)
                        + jnp.exp(G_last) * d_decay[None, :])
-    dq_ref[:, keys] = (d_q * scale).astype(dq_ref.dtype)
-    du_ref[:, keys] = d_u.astype(du_ref.dtype)
-    de_ref[:, keys] = d_e.astype(de_ref.dtype)
+    return d_a + cm.dot(d_y, e_decayed.T, io)
+
+  d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, state_block, d_a), 0.0)
+  d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
+
+  # Pass 3, over V blocks: dA_qk = dO R^T.
+  d_aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
+                                                                    columns(r_ref, j, vb).T, io), zeros)
+  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
+  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
+  barrier()
+
+  # Pass 4, over key blocks: the decayed Gram matrices' gradients, added to pass 2's terms.
+  def grad_block(i, carry):
+    keys = pl.ds(i * kb, kb)
+    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sub_block)
+    suffix = cm.lower_ones(C, False, i).T
+    dg_ref[:, keys] += cm.dot(suffix, d_G, near)
+    dq_ref[:, keys] = ((d_q + parts_ref[:, part(1, i)] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
+    du_ref[:, keys] = (d_u + parts_ref[:, part(2, i)] + d_aqk_diag * q).astype(du_ref.dtype)
+    de_ref[:, keys] = (d_e + parts_ref[:, part(0, i)]).astype(de_ref.dtype)
     return carry
 
   jax.lax.fori_loop(0, K // kb, grad_block, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
+def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
                     sub_block=cm.SUB_BLOCK, num_warps=4, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
-  y, A: from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
+  A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
   """
   B, T, H, K = q.shape
@@ -156,17 +168,18 @@ def intra_chunk_bwd(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r, *, scale
   sq = pl.squeezed
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
-  return pl.pallas_call(
+  *grads, _ = pl.pallas_call(
       functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block or default_key_block(C, True),
                         sub_block=sub_block, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
-          jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32)),
+          jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
+          jax.ShapeDtypeStruct((B, T, H, 3 * K), jnp.float32)),  # scratch: pass 2's terms of de, dq~, du
       grid=(B, H, T // C),
-      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_spec(C, V),
-                                         chunk_spec(C, C), chunk_state, chunk_state, chunk_spec(C, V),
-                                         chunk_spec(C, V)],
-      out_specs=(chunk_spec(C, K),) * 3 + (chunk_spec(C, V), chunk_spec(C, K)),
+      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C),
+                                         chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)],
+      out_specs=(chunk_spec(C, K),) * 3 + (chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, 3 * K)),
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
-  )(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)
+  )(q, u, e, z, g, r, A, states, d_states, d_o, d_r)
+  return tuple(grads)

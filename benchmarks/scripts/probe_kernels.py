@@ -51,7 +51,7 @@ for C in CHUNKS:
   timed(f"C={C} state_pass_bwd bv=32", lambda *a: state_pass_bwd(*a, block_v=32, **kw),
         [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
-  bwd_args = [(q, u, e, z, g, y, r, A, states, d_states, d_o, d_r)]
+  bwd_args = [(q, u, e, z, g, r, A, states, d_states, d_o, d_r)]
   for kb, sb, nw in variants:
     timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb} warps={nw}",
           lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, scale=scale,

@@ -70,7 +70,7 @@ def _bwd(scale, chunk_size, residuals, cotangents):
   d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o,
                                           _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
-  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, g, y, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
+  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, g, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
   key = lambda x: x[:, :T, :, :K]
   return key(dq), key(du), key(de), dz[:, :T, :, :V], key(dg), d_state[:, :, :K, :V]
 

@@ -32,8 +32,7 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
       (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32))),
       (lambda *a: state_pass_bwd(*a, **kw), (key, key, decay, key, chunk, value, spec(B, H, K, V, d=f32))),
       (lambda *a: intra_chunk_bwd(*a, scale=0.1, **kw),
-       (key, key, key, value, spec(B, T, H, K, d=f32), key, spec(B, T, H, V, d=f32),
-        spec(B, T, H, chunk_size, d=f32), spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value,
+       (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32), spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value,
         spec(B, T, H, V, d=f32))),
   ]
   for fn, args in kernels:
