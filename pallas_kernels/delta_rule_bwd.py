@@ -70,8 +70,9 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dq_ref, du_ref, de_ref, dz_ref, dg_ref, parts_ref, *, scale, key_block, sub_block,
-                            interpret):
+                            dz_ref, dg_ref, parts_ref, *out_refs, scale, key_block, sub_block, split, interpret):
+  """Passes 1 to 3, then pass 4 over every key block into out_refs (dq, du, de); with split, out_refs are
+  (dT, dA_qk) and pass 4 is left to `_pair_bwd_kernel`."""
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -79,11 +80,6 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
   rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
   zeros = jnp.zeros((C, C), f32)
-  barrier = cm.barrier(interpret)
-
-  def part(n, i):
-    """Scratch columns of part n (0: d e, 1: d q~, 2: d u) for key block i, in the fp32 `parts` output."""
-    return pl.ds(n * K + i * kb, kb)
 
   # Pass 1, over V blocks: dz = A^T dR and dA = dR z^T (+ dY (e exp(G))^T in pass 2).
   A = a_ref[...]
@@ -96,8 +92,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   d_a = jax.lax.fori_loop(0, V // vb, v_block, zeros)
 
   # Pass 2, over key blocks: every product with the states, each state block read once (dY = -dR S^T,
-  # dQ~ = dO S^T, dW = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in fp32
-  # scratch (dg's in dg itself) until pass 4 adds the pair terms. Only A and dA stay live.
+  # dQ~ = dO S^T, dW = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in the fp32
+  # `parts` (0: d e, 1: d q~, 2: d u; dg's in dg itself) until pass 4 adds the pair terms. Only A and dA
+  # stay live.
   def state_block(i, d_a):
     keys = pl.ds(i * kb, kb)
     d_y, d_qd, d_w = (jnp.zeros((C, kb), f32) for _ in range(3))
@@ -117,9 +114,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
     e_decayed = e * decay
     d_e = decay * cm.dot(A.T, d_y, io)
     d_qd *= decay
-    parts_ref[:, part(0, i)] = d_e
-    parts_ref[:, part(1, i)] = d_qd
-    parts_ref[:, part(2, i)] = to_end * d_w
+    parts_ref[0, :, keys] = d_e
+    parts_ref[1, :, keys] = d_qd
+    parts_ref[2, :, keys] = to_end * d_w
     # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)); pass 4 adds the
     # suffix sums of the pair terms' dG.
     d_G = e * d_e + columns(q_ref, i, kb) * scale * d_qd
@@ -134,52 +131,100 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   # Pass 3, over V blocks: dA_qk = dO R^T.
   d_aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
                                                                     columns(r_ref, j, vb).T, io), zeros)
-  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
-  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-  barrier()
+  if split:
+    out_refs[0][...] = d_t
+    out_refs[1][...] = d_aqk
+    return
+  cm.barrier(interpret)()
 
-  # Pass 4, over key blocks: the decayed Gram matrices' gradients, added to pass 2's terms.
-  def grad_block(i, carry):
-    keys = pl.ds(i * kb, kb)
-    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
-    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
-    (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, i, sub_block)
-    suffix = cm.lower_ones(C, False, i).T
-    dg_ref[:, keys] += cm.dot(suffix, d_G, near)
-    dq_ref[:, keys] = ((d_q + parts_ref[:, part(1, i)] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
-    du_ref[:, keys] = (d_u + parts_ref[:, part(2, i)] + d_aqk_diag * q).astype(du_ref.dtype)
-    de_ref[:, keys] = (d_e + parts_ref[:, part(0, i)]).astype(de_ref.dtype)
+  def pair_block(i, carry):
+    pair_pass(i, i, d_t, d_aqk, q_ref, u_ref, e_ref, g_ref, parts_ref, *out_refs, dg_ref, scale=scale, key_block=kb,
+              sub_block=sub_block, io=io, near=near)
     return carry
 
-  jax.lax.fori_loop(0, K // kb, grad_block, 0)
+  jax.lax.fori_loop(0, K // kb, pair_block, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "interpret"))
+def pair_pass(i, loop_index, d_t, d_aqk, q_ref, u_ref, e_ref, g_ref, parts_ref, dq_ref, du_ref, de_ref, dg_ref, *,
+              scale, key_block, sub_block, io, near):
+  """Pass 4 for key block i of the refs: the decayed Gram matrices' gradients (dT, dA_qk [C, C]), added to
+  pass 2's terms (parts, dg) to give dq, du, de and dg. loop_index: see `chunk_math.decayed_grams_bwd`."""
+  C = d_t.shape[0]
+  keys = pl.ds(i * key_block, key_block)
+  rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
+  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
+  G = jnp.cumsum(columns(g_ref, i, key_block), axis=0)
+  q, u, e = (columns(x, i, key_block) for x in (q_ref, u_ref, e_ref))
+  q = q * scale
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, loop_index, sub_block)
+  dg_ref[:, keys] += cm.dot(cm.lower_ones(C, False, loop_index).T, d_G, near)
+  dq_ref[:, keys] = ((d_q + parts_ref[1, :, keys] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
+  du_ref[:, keys] = (d_u + parts_ref[2, :, keys] + d_aqk_diag * q).astype(du_ref.dtype)
+  de_ref[:, keys] = (d_e + parts_ref[0, :, keys]).astype(de_ref.dtype)
+
+
+def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
+                     dg_ref, *, scale, sub_block, interpret):
+  del dg_in_ref  # aliased with dg_ref
+  near, io, _ = cm.precisions(dq_ref.dtype, interpret)
+  pair_pass(0, pl.program_id(3), dt_ref[...], daqk_ref[...], q_ref, u_ref, e_ref, g_ref, parts_ref, dq_ref, du_ref,
+            de_ref, dg_ref, scale=scale, key_block=q_ref.shape[-1], sub_block=sub_block, io=io, near=near)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "split",
+                                             "interpret"))
 def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
-                    sub_block=cm.SUB_BLOCK, num_warps=4, interpret=False):
+                    sub_block=cm.SUB_BLOCK, num_warps=4, split=False, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
+  split: pass 4 in a second launch, one program per chunk and key block.
   """
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
+  kb = min(key_block or default_key_block(C, True), K)
   sq = pl.squeezed
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
+  parts_spec = pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0))
   io = z.dtype
-  *grads, _ = pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=key_block or default_key_block(C, True),
-                        sub_block=sub_block, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (
-          jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
-          jax.ShapeDtypeStruct((B, T, H, 3 * K), jnp.float32)),  # scratch: pass 2's terms of de, dq~, du
+  key = jax.ShapeDtypeStruct((B, T, H, K), io)
+  pairs = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
+  # dz, dg, parts (pass 2's terms), then dq, du, de or, split, dT and dA_qk
+  out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
+               jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32)] + ([pairs] * 2 if split else [key] * 3)
+  out_specs = [chunk_spec(C, V), chunk_spec(C, K), parts_spec] + [chunk_spec(C, C) if split else chunk_spec(C, K)] * (
+      2 if split else 3)
+  outs = pl.pallas_call(
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, sub_block=sub_block, split=split,
+                        interpret=interpret),
+      out_shape=tuple(out_shape),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C),
                                          chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)],
-      out_specs=(chunk_spec(C, K),) * 3 + (chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, 3 * K)),
+      out_specs=tuple(out_specs),
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
   )(q, u, e, z, g, r, A, states, d_states, d_o, d_r)
-  return tuple(grads)
+  if not split:
+    dz, dg, _, dq, du, de = outs
+    return dq, du, de, dz, dg
+  dz, dg, parts, d_t, d_aqk = outs
+  block = pl.BlockSpec((sq, C, sq, kb), lambda b, h, n, i: (b, n, h, i))
+  pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
+  part = pl.BlockSpec((3, sq, C, sq, kb), lambda b, h, n, i: (0, b, n, h, i))
+  dq, du, de, dg = pl.pallas_call(
+      functools.partial(_pair_bwd_kernel, scale=scale, sub_block=sub_block, interpret=interpret),
+      out_shape=(key,) * 3 + (jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),),
+      grid=(B, H, T // C, K // kb),
+      in_specs=[block] * 4 + [pair] * 2 + [part, block],
+      out_specs=(block,) * 4,
+      input_output_aliases={7: 3},
+      compiler_params=params(num_warps),
+      interpret=interpret,
+      name="delta_rule_pair_bwd",
+  )(q, u, e, g, d_t, d_aqk, parts, dg)
+  return dq, du, de, dz, dg

@@ -1,12 +1,16 @@
 """Probe (2026-11-29, sessions 3 to 5): time each Pallas kernel of impl="pallas", forward and backward,
 over a few launch settings, and check the backward against autodiff of the chunk impl.
 
-  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 WARPS=4,8 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 WARPS=4,8 SPLIT=1 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+
+SPLIT=1 also times the two-launch forms (intra_chunk split=True over SOLVE_BLOCKS key x value blocks of its
+second launch; intra_chunk_bwd split=True) and the op on them.
 
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input
 sets (`timing.median_ms`: device kernel time on the GPU). The op's forward and forward+backward are also
 broken down per kernel.
 """
+import functools
 import os
 import sys
 import warnings
@@ -20,6 +24,7 @@ import numpy as np
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+from sdm_jax.ops import pallas as pallas_op
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
@@ -33,6 +38,8 @@ CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
 KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
 SUB_BLOCKS = [int(x) for x in os.environ.get("SUB_BLOCKS", "16").split(",")]
 WARPS = [int(x) for x in os.environ.get("WARPS", "4").split(",")]
+SPLIT = os.environ.get("SPLIT", "0") == "1"
+SOLVE_BLOCKS = [tuple(int(n) for n in x.split("x")) for x in os.environ.get("SOLVE_BLOCKS", "32x32,64x64").split(",")]
 variants = [(kb, sb, nw) for kb in KEY_BLOCKS for sb in SUB_BLOCKS for nw in WARPS]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
@@ -40,6 +47,11 @@ for C in CHUNKS:
     timed(f"C={C} intra_chunk fwd save_inverse key_block={kb} sub_block={sb} warps={nw}",
           lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, num_warps=nw,
                                                       scale=scale, **kw), sets)
+    for skb, svb in SOLVE_BLOCKS if SPLIT else []:
+      timed(f"C={C} intra_chunk fwd SPLIT solve {skb}x{svb} key_block={kb} sub_block={sb} warps={nw}",
+            lambda *a, kb=kb, sb=sb, nw=nw, skb=skb, svb=svb: intra_chunk(
+                *a, save_inverse=True, key_block=kb, sub_block=sb, num_warps=nw, split=True, solve_key_block=skb,
+                solve_value_block=svb, scale=scale, **kw), sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
   q, u, e, z, g = sets[0]
   timed(f"C={C} state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
@@ -56,16 +68,26 @@ for C in CHUNKS:
     timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb} warps={nw}",
           lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, scale=scale,
                                                           **kw), bwd_args)
+    if SPLIT:
+      timed(f"C={C} intra_chunk_bwd SPLIT key_block={kb} sub_block={sb} warps={nw}",
+            lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, split=True,
+                                                            scale=scale, **kw), bwd_args)
 
-# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, per chunk size.
-for chunk in CHUNKS:
-  op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
-  fwd = timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
-  loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
-  step = timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
-  if not interpret:
-    breakdown(f"op fwd, chunk {chunk}", fwd, sets[0])
-    breakdown(f"op fwd+bwd, chunk {chunk}", step, sets[0])
+# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, per chunk size
+# (with SPLIT, then again on the two-launch kernels, solve blocks the first of SOLVE_BLOCKS).
+for form in ["fused"] + (["split"] if SPLIT else []):
+  if form == "split":
+    pallas_op.intra_chunk = functools.partial(intra_chunk, split=True, solve_key_block=SOLVE_BLOCKS[0][0],
+                                              solve_value_block=SOLVE_BLOCKS[0][1])
+    pallas_op.intra_chunk_bwd = functools.partial(intra_chunk_bwd, split=True)
+  for chunk in CHUNKS:
+    op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
+    fwd = timed(f"pallas op fwd, chunk {chunk} {form}", lambda *a: op(*a)[0], sets)
+    loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
+    step = timed(f"pallas op fwd+bwd, chunk {chunk} {form}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+    if not interpret:
+      breakdown(f"op fwd, chunk {chunk} {form}", fwd, sets[0])
+      breakdown(f"op fwd+bwd, chunk {chunk} {form}", step, sets[0])
 
 # Gradients against autodiff of the chunk impl (fp32 on the same bf16-rounded inputs).
 ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, 64)[0]
