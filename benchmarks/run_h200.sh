@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of probe stages ops scan ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of probe ops scan ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -47,9 +47,7 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} WARPS=${WARPS:-4} KEY_BLOCKS=${KEY_BLOCKS:-32} SUB_BLOCKS=${SUB_BLOCKS:-8,16,32} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
-    stages)  # intra_chunk stage by stage (separate launches), chunk 64 and 32, plus ptxas register counts
-      run ${STAGES_LIMIT:-300} env KEY_BLOCK=${KEY_BLOCK:-16} python3 benchmarks/scripts/probe_stages.py 4,4096,16 /tmp/xla_dump ;;
+      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} FWD=${FWD:-32:4:64:4} BWD=${BWD:-32:4:32:4} SUB_BLOCK=${SUB_BLOCK:-8} python3 benchmarks/scripts/probe_kernels.py 4,4096,16 ;;
     ops)  # our op and fla's, kernel by kernel, in one process (probe_ops.py)
       run ${OPS_LIMIT:-300} python3 benchmarks/scripts/probe_ops.py ${OPS_MIXERS:-gdn2,kda} ${OPS_SHAPE:-4x4096} ;;
     scan)  # every impl against scan on the GPU at a shorter T that is not a whole number of chunks (19 of 64)
@@ -59,10 +57,10 @@ for step in $steps; do
             --seq_len=${SCAN_T:-1200} --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/scan_${m}_$dt.json"
         done
       done ;;
-    ncu)  # Nsight Compute on intra_chunk, where the image has it and allows counters
+    ncu)  # Nsight Compute on the per-chunk kernels, where the image has it and allows counters
       if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
         NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        run ${NCU_LIMIT:-150} "$NCU" --target-processes all -k regex:intra_chunk -c 2 --section LaunchStats \
+        run ${NCU_LIMIT:-150} "$NCU" --target-processes all -k regex:"gram_solve|solved|intra_chunk|pair_bwd" -c 4 --section LaunchStats \
           --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
           python3 benchmarks/scripts/one_intra_chunk.py 64
       else

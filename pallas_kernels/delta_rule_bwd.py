@@ -1,14 +1,17 @@
 """Pallas (Triton) backward kernels for the chunked generalized delta rule (SPEC.md section 2).
 
-Two launches, the forward's in reverse:
+Three launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
                   gradient of the state leaving a chunk) and writes dR = A_qk^T dO + W dS and every
                   chunk's dS; dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's q~, u~, exp(G_C)).
-  intra_chunk_bwd grid (B, H, N): per chunk, with R and the state S entering it (saved by the forward)
-                  and dS: the products that contract V (dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T,
-                  dA_qk, dA, dz = A^T dR), then the WY inverse (dT = -A^T dA A^T, the channel gates
-                  inside dA), the decayed Gram matrices and the decays, down to dq, du, de, dz and dg.
-                  Key channels go in blocks (`default_key_block`) so the [C, K] work stays in registers.
+  intra_chunk_bwd grid (B, H, N), passes 1 to 3: per chunk, with R and the state S entering it (saved
+                  by the forward) and dS: the products that contract V (dz = A^T dR, dA = dR z^T; per key
+                  block dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T, d exp(G_C), each state block read once),
+                  the WY inverse (dT = -A^T dA A^T, the channel gates inside dA) and dA_qk = dO R^T.
+                  Writes dz, dT and dA_qk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
+  pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
+                  block, added to those terms: dq, du, de and dg (in place).
+Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/2026-11-30_h200_session7.md).
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, default_key_block, params,
+from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, KEY_BLOCK, params,
                                            seq_spec, state_dot, state_spec, states_spec)
 
 
@@ -70,9 +73,8 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dz_ref, dg_ref, parts_ref, *out_refs, scale, key_block, sub_block, split, interpret):
-  """Passes 1 to 3, then pass 4 over every key block into out_refs (dq, du, de); with split, out_refs are
-  (dT, dA_qk) and pass 4 is left to `_pair_bwd_kernel`."""
+                            dz_ref, dg_ref, parts_ref, dt_ref, daqk_ref, *, scale, key_block, interpret):
+  """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`)."""
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -131,99 +133,73 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   # Pass 3, over V blocks: dA_qk = dO R^T.
   d_aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
                                                                     columns(r_ref, j, vb).T, io), zeros)
-  if split:
-    out_refs[0][...] = d_t
-    out_refs[1][...] = d_aqk
-    return
-  cm.barrier(interpret)()
-
-  def pair_block(i, carry):
-    pair_pass(i, i, d_t, d_aqk, q_ref, u_ref, e_ref, g_ref, parts_ref, *out_refs, dg_ref, scale=scale, key_block=kb,
-              sub_block=sub_block, io=io, near=near)
-    return carry
-
-  jax.lax.fori_loop(0, K // kb, pair_block, 0)
-
-
-def pair_pass(i, loop_index, d_t, d_aqk, q_ref, u_ref, e_ref, g_ref, parts_ref, dq_ref, du_ref, de_ref, dg_ref, *,
-              scale, key_block, sub_block, io, near):
-  """Pass 4 for key block i of the refs: the decayed Gram matrices' gradients (dT, dA_qk [C, C]), added to
-  pass 2's terms (parts, dg) to give dq, du, de and dg. loop_index: see `chunk_math.decayed_grams_bwd`."""
-  C = d_t.shape[0]
-  keys = pl.ds(i * key_block, key_block)
-  rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
-  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
-  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-  G = jnp.cumsum(columns(g_ref, i, key_block), axis=0)
-  q, u, e = (columns(x, i, key_block) for x in (q_ref, u_ref, e_ref))
-  q = q * scale
-  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, d_t), (q, d_aqk_strict)], u, G, io, loop_index, sub_block)
-  dg_ref[:, keys] += cm.dot(cm.lower_ones(C, False, loop_index).T, d_G, near)
-  dq_ref[:, keys] = ((d_q + parts_ref[1, :, keys] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
-  du_ref[:, keys] = (d_u + parts_ref[2, :, keys] + d_aqk_diag * q).astype(du_ref.dtype)
-  de_ref[:, keys] = (d_e + parts_ref[0, :, keys]).astype(de_ref.dtype)
+  dt_ref[...] = d_t
+  daqk_ref[...] = d_aqk
 
 
 def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
                      dg_ref, *, scale, sub_block, interpret):
+  """Pass 4, one key block of one chunk: the decayed Gram matrices' gradients (from dT and dA_qk [C, C]),
+  added to pass 2's terms (parts, dg) to give dq, du, de and dg."""
   del dg_in_ref  # aliased with dg_ref
   near, io, _ = cm.precisions(dq_ref.dtype, interpret)
-  pair_pass(0, pl.program_id(3), dt_ref[...], daqk_ref[...], q_ref, u_ref, e_ref, g_ref, parts_ref, dq_ref, du_ref,
-            de_ref, dg_ref, scale=scale, key_block=q_ref.shape[-1], sub_block=sub_block, io=io, near=near)
+  C = dt_ref.shape[0]
+  rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  d_aqk = daqk_ref[...]
+  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
+  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
+  G = jnp.cumsum(g_ref[...], axis=0)
+  q, u, e = (x[...].astype(jnp.float32) for x in (q_ref, u_ref, e_ref))
+  q = q * scale
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, 0, sub_block)
+  dg_ref[...] += cm.dot(cm.lower_ones(C, False).T, d_G, near)
+  dq_ref[...] = ((d_q + parts_ref[1] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
+  du_ref[...] = (d_u + parts_ref[2] + d_aqk_diag * q).astype(du_ref.dtype)
+  de_ref[...] = (d_e + parts_ref[0]).astype(de_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps", "split",
-                                             "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
-                    sub_block=cm.SUB_BLOCK, num_warps=4, split=False, interpret=False):
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps",
+                                             "pair_key_block", "pair_warps", "interpret"))
+def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=KEY_BLOCK,
+                    sub_block=cm.SUB_BLOCK, num_warps=4, pair_key_block=KEY_BLOCK, pair_warps=4, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
-  split: pass 4 in a second launch, one program per chunk and key block.
+  Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
+  key block of pair_key_block channels (pair_warps).
   """
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
-  kb = min(key_block or default_key_block(C, True), K)
+  kb, pkb = min(key_block, K), min(pair_key_block, K)
   sq = pl.squeezed
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
-  parts_spec = pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0))
   io = z.dtype
-  key = jax.ShapeDtypeStruct((B, T, H, K), io)
   pairs = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
-  # dz, dg, parts (pass 2's terms), then dq, du, de or, split, dT and dA_qk
-  out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
-               jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32)] + ([pairs] * 2 if split else [key] * 3)
-  out_specs = [chunk_spec(C, V), chunk_spec(C, K), parts_spec] + [chunk_spec(C, C) if split else chunk_spec(C, K)] * (
-      2 if split else 3)
-  outs = pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, sub_block=sub_block, split=split,
-                        interpret=interpret),
-      out_shape=tuple(out_shape),
+  dz, dg, parts, d_t, d_aqk = pl.pallas_call(
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, interpret=interpret),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
+                 jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32), pairs, pairs),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C),
                                          chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)],
-      out_specs=tuple(out_specs),
+      out_specs=(chunk_spec(C, V), chunk_spec(C, K), pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0)),
+                 chunk_spec(C, C), chunk_spec(C, C)),
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
   )(q, u, e, z, g, r, A, states, d_states, d_o, d_r)
-  if not split:
-    dz, dg, _, dq, du, de = outs
-    return dq, du, de, dz, dg
-  dz, dg, parts, d_t, d_aqk = outs
-  block = pl.BlockSpec((sq, C, sq, kb), lambda b, h, n, i: (b, n, h, i))
+  block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
   pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
-  part = pl.BlockSpec((3, sq, C, sq, kb), lambda b, h, n, i: (0, b, n, h, i))
   dq, du, de, dg = pl.pallas_call(
       functools.partial(_pair_bwd_kernel, scale=scale, sub_block=sub_block, interpret=interpret),
-      out_shape=(key,) * 3 + (jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),),
-      grid=(B, H, T // C, K // kb),
-      in_specs=[block] * 4 + [pair] * 2 + [part, block],
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),),
+      grid=(B, H, T // C, K // pkb),
+      in_specs=[block] * 4 + [pair] * 2 + [pl.BlockSpec((3, sq, C, sq, pkb), lambda b, h, n, i: (0, b, n, h, i)), block],
       out_specs=(block,) * 4,
       input_output_aliases={7: 3},
-      compiler_params=params(num_warps),
+      compiler_params=params(pair_warps),
       interpret=interpret,
       name="delta_rule_pair_bwd",
   )(q, u, e, g, d_t, d_aqk, parts, dg)

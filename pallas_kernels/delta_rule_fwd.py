@@ -1,14 +1,18 @@
 """Pallas (Triton) forward kernels for the chunked generalized delta rule (SPEC.md section 2).
 
-Two launches:
-  intra_chunk  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk, the exact fp32
-               inverse A = (I + T)^-1, Y = A (e * exp(G)), U = A z (chunk_math has the tree of
-               decay factors that keeps every exponent <= 0), and the chunk's decays for the state
-               passes: q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
-  state_pass   grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
-               R = U - Y S, o = q~ S + A_qk R, S <- exp(G_C) S + u~^T R.
+Three launches:
+  gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk and the exact fp32
+              inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
+              exponent <= 0).
+  solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
+              q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
+  state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
+              R = U - Y S, o = q~ S + A_qk R, S <- exp(G_C) S + u~^T R.
+(`intra_chunk` is the first two.) Splitting the per-chunk work in two launches, A going through memory,
+was faster on the H200 than one launch doing both (2026-11-30, benchmarks/2026-11-30_h200_session7.md):
+each launch holds fewer registers.
 
-The decays are formed once per chunk in intra_chunk rather than in every value tile of the state
+The decays are formed once per chunk in `solved` rather than in every value tile of the state
 passes: those loops then read no g and take no exp. q~ and u~ travel in the io dtype, which is the
 rounding the state passes' dots gave them anyway.
 
@@ -28,14 +32,10 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
-# Key channels per step of the intra-chunk kernels ([C, key block] tiles stay in registers), by chunk
-# size, the fastest measured on the H200 (2026-11-29, benchmarks/2026-11-29_h200_session6.md): forward 16 at
-# chunk 64 (1.473 ms against 1.993 at 32), 32 below; backward 32 at chunk 64 (5.713 against 6.947 at 16),
-# 16 below.
-def default_key_block(chunk_size, backward=False):
-  return (32 if chunk_size >= 64 else 16) if backward else (16 if chunk_size >= 64 else 32)
-
-
+# Key / value channels per step of the per-chunk kernels ([C, block] tiles stay in registers), the fastest
+# measured on the H200 at chunk 64 and 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md).
+KEY_BLOCK = 32
+SOLVE_BLOCK = 64
 VALUE_BLOCK = 32
 
 
@@ -61,18 +61,6 @@ def grams_and_inverse(q_ref, u_ref, e_ref, g_ref, *, scale, key_block, sub_block
   return cm.unit_lower_inverse(T, dots), A_qk
 
 
-def _intra_chunk_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, aqk_ref, qd_ref, ud_ref, decay_ref,
-                        *inverse_ref, scale, key_block, sub_block, interpret):
-  dots = cm.precisions(z_ref.dtype, interpret)
-  A, A_qk = grams_and_inverse(q_ref, u_ref, e_ref, g_ref, scale=scale, key_block=key_block, sub_block=sub_block,
-                              dots=dots)
-  write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
-               key_block=key_block, io=dots.io)
-  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
-  if inverse_ref:
-    inverse_ref[0][...] = A
-
-
 def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
   A, A_qk = grams_and_inverse(q_ref, u_ref, e_ref, g_ref, scale=scale, key_block=key_block, sub_block=sub_block,
                               dots=cm.precisions(aqk_ref.dtype, interpret))
@@ -83,15 +71,14 @@ def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key
 def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
                    key_block, value_block, interpret):
   io = cm.precisions(z_ref.dtype, interpret).io
-  A = a_ref[...]
-  write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
+  write_solved(a_ref[...], q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
                key_block=key_block, io=io, value_block=value_block)
 
 
 def write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale, key_block,
-                 io, value_block=VALUE_BLOCK):
-  """intra_chunk's outputs that follow from the inverse A: Y = A (e * exp(G)), U = A z, and the decays
-  q~, u~, exp(G_C), key_block key channels at a time (io: the precision of the Y and U dots)."""
+                 value_block, io):
+  """The outputs that follow from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~,
+  exp(G_C), key_block / value_block channels at a time (io: the precision of the Y and U dots)."""
   K, V = q_ref.shape[-1], z_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
 
@@ -152,55 +139,38 @@ def chunk_row_spec(K):
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
-                                             "num_warps", "split", "solve_key_block", "solve_value_block",
+                                             "num_warps", "solve_key_block", "solve_value_block", "solve_warps",
                                              "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
-                num_warps=4, split=False, solve_key_block=32, solve_value_block=VALUE_BLOCK, interpret=False):
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, sub_block=cm.SUB_BLOCK,
+                num_warps=4, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
+                interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32.
 
-  split: two launches, the grams and the inverse (writing A), then Y, U and the decays from A
-  (solve_key_block / solve_value_block channels at a time)."""
+  Two launches: gram_solve (key_block channels at a time, num_warps) writes A and A_qk; solved reads A
+  (solve_key_block / solve_value_block channels at a time, solve_warps)."""
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
   key = jax.ShapeDtypeStruct((B, T, H, K), z.dtype)
-  inverse = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
-  solved_shape = [key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), key, key,
-                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)]
-  solved_specs = [chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)]
-  kb = key_block or default_key_block(C)
   grid = (B, H, T // C)
-  if split:
-    A, aqk = pl.pallas_call(
-        functools.partial(_gram_solve_kernel, scale=scale, key_block=kb, sub_block=sub_block, interpret=interpret),
-        out_shape=(inverse, jax.ShapeDtypeStruct((B, T, H, C), z.dtype)), grid=grid,
-        in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2, compiler_params=params(num_warps),
-        interpret=interpret, name="delta_rule_gram_solve")(q, u, e, g)
-    y, w, qd, ud, decay = pl.pallas_call(
-        functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
-                          interpret=interpret),
-        out_shape=tuple(solved_shape), grid=grid,
-        in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
-        out_specs=tuple(solved_specs), compiler_params=params(num_warps), interpret=interpret,
-        name="delta_rule_solved")(A, q, u, e, z, g)
-    return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
-  out_shape = solved_shape[:2] + [jax.ShapeDtypeStruct((B, T, H, C), z.dtype)] + solved_shape[2:]
-  out_specs = solved_specs[:2] + [chunk_spec(C, C)] + solved_specs[2:]
-  if save_inverse:
-    out_shape.append(inverse)
-    out_specs.append(chunk_spec(C, C))
-  return pl.pallas_call(
-      functools.partial(_intra_chunk_kernel, scale=scale, key_block=kb, sub_block=sub_block, interpret=interpret),
-      out_shape=tuple(out_shape),
+  A, aqk = pl.pallas_call(
+      functools.partial(_gram_solve_kernel, scale=scale, key_block=key_block,
+                        sub_block=sub_block, interpret=interpret),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), z.dtype)),
+      grid=grid, in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2,
+      compiler_params=params(num_warps), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, g)
+  y, w, qd, ud, decay = pl.pallas_call(
+      functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
+                        interpret=interpret),
+      out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), key, key,
+                 jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
       grid=grid,
-      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
-      out_specs=tuple(out_specs),
-      compiler_params=params(num_warps),
-      interpret=interpret,
-      name="delta_rule_intra_chunk",
-  )(q, u, e, z, g)
+      in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
+      out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
+      compiler_params=params(solve_warps), interpret=interpret, name="delta_rule_solved")(A, q, u, e, z, g)
+  return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
 
 
 def seq_spec(T, d, block=None):

@@ -1,16 +1,14 @@
-"""Probe (2026-11-29, sessions 3 to 5): time each Pallas kernel of impl="pallas", forward and backward,
-over a few launch settings, and check the backward against autodiff of the chunk impl.
+"""Probe (2026-11-29/30, sessions 3 to 7): time each Pallas kernel of impl="pallas", forward and backward,
+over launch settings, and check the backward against autodiff of the chunk impl.
 
-  CHUNKS=64,32 KEY_BLOCKS=16,32,64 SUB_BLOCKS=8,16,32 WARPS=4,8 SPLIT=1 PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
+  CHUNKS=64,32 FWD="32:4:64:4,16:2:64:4" BWD="32:4:32:4" PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
-SPLIT=1 also times the two-launch forms (intra_chunk split=True over SOLVE_BLOCKS key x value blocks of its
-second launch; intra_chunk_bwd split=True) and the op on them.
-
-GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input
-sets (`timing.median_ms`: device kernel time on the GPU). The op's forward and forward+backward are also
-broken down per kernel.
+FWD: intra_chunk settings key_block:num_warps:solve_block:solve_warps (solve_block: its key and value block);
+BWD: intra_chunk_bwd settings key_block:num_warps:pair_key_block:pair_warps; SUB_BLOCK the sub-block size.
+GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
+(`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
+forward+backward and broken down per kernel.
 """
-import functools
 import os
 import sys
 import warnings
@@ -24,7 +22,6 @@ import numpy as np
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
-from sdm_jax.ops import pallas as pallas_op
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
@@ -35,25 +32,19 @@ V = K
 timed = Timer()
 h0 = jnp.zeros((B, H, K, V), jnp.float32)
 CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
-KEY_BLOCKS = [int(x) for x in os.environ.get("KEY_BLOCKS", "32").split(",")]
-SUB_BLOCKS = [int(x) for x in os.environ.get("SUB_BLOCKS", "16").split(",")]
-WARPS = [int(x) for x in os.environ.get("WARPS", "4").split(",")]
-SPLIT = os.environ.get("SPLIT", "0") == "1"
-SOLVE_BLOCKS = [tuple(int(n) for n in x.split("x")) for x in os.environ.get("SOLVE_BLOCKS", "32x32,64x64").split(",")]
-variants = [(kb, sb, nw) for kb in KEY_BLOCKS for sb in SUB_BLOCKS for nw in WARPS]
+settings = lambda name, default: [tuple(int(n) for n in x.split(":")) for x in os.environ.get(name, default).split(",")]
+FWD, BWD = settings("FWD", "32:4:64:4"), settings("BWD", "32:4:32:4")
+SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
 for C in CHUNKS:
-  kw = dict(chunk_size=C, interpret=interpret)
-  for kb, sb, nw in variants:
-    timed(f"C={C} intra_chunk fwd save_inverse key_block={kb} sub_block={sb} warps={nw}",
-          lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk(*a, save_inverse=True, key_block=kb, sub_block=sb, num_warps=nw,
-                                                      scale=scale, **kw), sets)
-    for skb, svb in SOLVE_BLOCKS if SPLIT else []:
-      timed(f"C={C} intra_chunk fwd SPLIT solve {skb}x{svb} key_block={kb} sub_block={sb} warps={nw}",
-            lambda *a, kb=kb, sb=sb, nw=nw, skb=skb, svb=svb: intra_chunk(
-                *a, save_inverse=True, key_block=kb, sub_block=sb, num_warps=nw, split=True, solve_key_block=skb,
-                solve_value_block=svb, scale=scale, **kw), sets)
+  kw = dict(chunk_size=C, interpret=interpret, sub_block=SUB_BLOCK)
+  for kb, nw, sb, sw in FWD:
+    timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw}",
+          lambda *a, kb=kb, nw=nw, sb=sb, sw=sw: intra_chunk(*a, save_inverse=True, key_block=kb, num_warps=nw,
+                                                             solve_key_block=sb, solve_value_block=sb, solve_warps=sw,
+                                                             scale=scale, **kw), sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
   q, u, e, z, g = sets[0]
+  kw.pop("sub_block")
   timed(f"C={C} state_pass bv=32", lambda *a: state_pass(*a, block_v=32, **kw), [(qd, ud, decay, y, w, aqk, h0)])
   timed(f"C={C} state_pass bv=32 save_states", lambda *a: state_pass(*a, block_v=32, save_states=True, **kw),
         [(qd, ud, decay, y, w, aqk, h0)])
@@ -64,30 +55,21 @@ for C in CHUNKS:
         [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
   bwd_args = [(q, u, e, z, g, r, A, states, d_states, d_o, d_r)]
-  for kb, sb, nw in variants:
-    timed(f"C={C} intra_chunk_bwd key_block={kb} sub_block={sb} warps={nw}",
-          lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, scale=scale,
-                                                          **kw), bwd_args)
-    if SPLIT:
-      timed(f"C={C} intra_chunk_bwd SPLIT key_block={kb} sub_block={sb} warps={nw}",
-            lambda *a, kb=kb, sb=sb, nw=nw: intra_chunk_bwd(*a, key_block=kb, sub_block=sb, num_warps=nw, split=True,
-                                                            scale=scale, **kw), bwd_args)
+  for kb, nw, pkb, pw in BWD:
+    timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw}",
+          lambda *a, kb=kb, nw=nw, pkb=pkb, pw=pw: intra_chunk_bwd(
+              *a, key_block=kb, num_warps=nw, pair_key_block=pkb, pair_warps=pw, sub_block=SUB_BLOCK, scale=scale,
+              **kw), bwd_args)
 
-# The whole op (generalized rule, already-formed u, e, z): forward, and forward + backward, per chunk size
-# (with SPLIT, then again on the two-launch kernels, solve blocks the first of SOLVE_BLOCKS).
-for form in ["fused"] + (["split"] if SPLIT else []):
-  if form == "split":
-    pallas_op.intra_chunk = functools.partial(intra_chunk, split=True, solve_key_block=SOLVE_BLOCKS[0][0],
-                                              solve_value_block=SOLVE_BLOCKS[0][1])
-    pallas_op.intra_chunk_bwd = functools.partial(intra_chunk_bwd, split=True)
-  for chunk in CHUNKS:
-    op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
-    fwd = timed(f"pallas op fwd, chunk {chunk} {form}", lambda *a: op(*a)[0], sets)
-    loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
-    step = timed(f"pallas op fwd+bwd, chunk {chunk} {form}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
-    if not interpret:
-      breakdown(f"op fwd, chunk {chunk} {form}", fwd, sets[0])
-      breakdown(f"op fwd+bwd, chunk {chunk} {form}", step, sets[0])
+# The whole op (generalized rule, already-formed u, e, z, default settings): forward, and forward + backward.
+for chunk in CHUNKS:
+  op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
+  fwd = timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
+  loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
+  step = timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)
+  if not interpret:
+    breakdown(f"op fwd, chunk {chunk}", fwd, sets[0])
+    breakdown(f"op fwd+bwd, chunk {chunk}", step, sets[0])
 
 # Gradients against autodiff of the chunk impl (fp32 on the same bf16-rounded inputs).
 ref_loss = lambda *a: jnp.sum(delta_rule_chunk(*[x.astype(jnp.float32) for x in a], scale, h0, 64)[0]

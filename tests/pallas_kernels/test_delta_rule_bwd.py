@@ -26,14 +26,15 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   key, value, chunk = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, chunk_size)
   decay = spec(B, N, H, K, d=f32)
   kw = dict(chunk_size=chunk_size)
-  kernels = [
+  kernels = [  # (function, arguments, its Triton launches)
       (lambda *a: intra_chunk(*a, save_inverse=True, scale=0.1, **kw),
-       (key, key, key, value, spec(B, T, H, K, d=f32))),
-      (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32))),
-      (lambda *a: state_pass_bwd(*a, **kw), (key, key, decay, key, chunk, value, spec(B, H, K, V, d=f32))),
+       (key, key, key, value, spec(B, T, H, K, d=f32)), 2),
+      (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32)),
+       1),
+      (lambda *a: state_pass_bwd(*a, **kw), (key, key, decay, key, chunk, value, spec(B, H, K, V, d=f32)), 1),
       (lambda *a: intra_chunk_bwd(*a, scale=0.1, **kw),
-       (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32), spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value,
-        spec(B, T, H, V, d=f32))),
+       (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
+        spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32)), 2),
   ]
-  for fn, args in kernels:
-    assert _lower_for_h200(fn, *args).count("__gpu$xla.gpu.triton") == 1
+  for fn, args, launches in kernels:
+    assert _lower_for_h200(fn, *args).count("__gpu$xla.gpu.triton") == launches
