@@ -77,7 +77,7 @@ for step in $steps; do
       # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
       for m in ${BENCH_MIXERS:-gdn2 kda}; do
         run ${BENCH_LIMIT:-560} python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \
-          --shapes=${BENCH_SHAPES:-4x4096,8x2048,2x8192,1x16384,1x32768} --reps=10 --out_dir="$RES" --tag=h200_bench_$m
+          --shapes=${BENCH_SHAPES:-4x4096,8x2048,2x8192,1x16384,1x32768} --chunk_size=${BENCH_CHUNK:-64} --reps=10 --out_dir="$RES" --tag=h200_bench_${m}_c${BENCH_CHUNK:-64}
       done ;;
     mqar_small)  # a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
       mqar_runs mqar_small 110 "${MQAR_SMALL_VARIANTS:-gdn2 kda}" \

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, chunk_rows_spec, chunk_spec, columns, KEY_BLOCK, params,
-                                           seq_spec, state_dot, state_spec, states_spec)
+from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, backward_settings, chunk_rows_spec, chunk_spec, columns,
+                                           params, seq_spec, state_dot, state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
@@ -160,15 +160,18 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps",
                                              "pair_key_block", "pair_warps", "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=KEY_BLOCK,
-                    sub_block=cm.SUB_BLOCK, num_warps=4, pair_key_block=KEY_BLOCK, pair_warps=4, interpret=False):
+def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
+                    sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
   Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
-  key block of pair_key_block channels (pair_warps).
+  key block of pair_key_block channels (pair_warps); settings left None: `backward_settings`.
   """
+  default = backward_settings(chunk_size)
+  key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
+  pair_key_block, pair_warps = pair_key_block or default["pair_key_block"], pair_warps or default["pair_warps"]
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size

@@ -32,10 +32,24 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
-# Key / value channels per step of the per-chunk kernels ([C, block] tiles stay in registers), the fastest
-# measured on the H200 at chunk 64 and 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md).
+# Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 at chunk 64 and
+# 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md; chunks 16 and 128 take the nearer one's, untimed):
+# key channels per step ([C, block] tiles stay in registers) and warps.
 KEY_BLOCK = 32
 SOLVE_BLOCK = 64
+
+
+def forward_settings(chunk_size):
+  """gram_solve's key_block and num_warps."""
+  return dict(key_block=16, num_warps=2) if chunk_size <= 32 else dict(key_block=32, num_warps=4)
+
+
+def backward_settings(chunk_size):
+  """intra_chunk_bwd's key_block, num_warps, pair_key_block and pair_warps."""
+  warps = 2 if chunk_size <= 32 else 4
+  return dict(key_block=KEY_BLOCK, num_warps=warps, pair_key_block=KEY_BLOCK, pair_warps=warps)
+
+
 VALUE_BLOCK = 32
 
 
@@ -141,15 +155,17 @@ def chunk_row_spec(K):
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
                                              "num_warps", "solve_key_block", "solve_value_block", "solve_warps",
                                              "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=KEY_BLOCK, sub_block=cm.SUB_BLOCK,
-                num_warps=4, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
+def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
+                num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
                 interpret=False):
   """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32.
 
-  Two launches: gram_solve (key_block channels at a time, num_warps) writes A and A_qk; solved reads A
-  (solve_key_block / solve_value_block channels at a time, solve_warps)."""
+  Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
+  A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps)."""
+  default = forward_settings(chunk_size)
+  key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
