@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, backward_settings, chunk_rows_spec, chunk_spec, columns,
-                                           params, seq_spec, state_dot, state_spec, states_spec)
+                                           params, seq_spec, state_block_v, state_dot, state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
@@ -48,7 +48,7 @@ def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dh
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "interpret"))
-def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=32, num_warps=4,
+def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4,
                    interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
   [B, H, N, K, V] fp32. qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`; d_o [B, T, H, V] in the io
@@ -56,7 +56,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
   B, T, H, K = qd.shape
   V = d_o.shape[-1]
   N = T // chunk_size
-  block_v = min(block_v, V)
+  block_v = state_block_v(B, H, V, block_v)
   return pl.pallas_call(
       functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
                         sdot=state_dot(y.dtype, interpret)),

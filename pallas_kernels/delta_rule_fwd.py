@@ -209,8 +209,16 @@ def states_spec(N, K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, N, K, block_v), lambda b, h, j: (b, h, 0, 0, j))
 
 
+def state_block_v(B, H, V, block_v=None):
+  """Value columns per program of the state passes (grid B x H x V / block_v): 32, or 16 when that leaves
+  fewer than 256 programs (B = 1 or 2 at H = 16, V = 128) so the sequential passes fill more of the GPU."""
+  if block_v is None:
+    block_v = 32 if B * H * (V // 32) >= 256 else 16
+  return min(block_v, V)
+
+
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "interpret"))
-def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=32, save_states=False, num_warps=4,
+def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4,
                interpret=False):
   """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
@@ -218,7 +226,7 @@ def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=3
   B, T, H, K = qd.shape
   V = w.shape[-1]
   N = T // chunk_size
-  block_v = min(block_v, V)
+  block_v = state_block_v(B, H, V, block_v)
   out_shape = [jax.ShapeDtypeStruct((B, T, H, V), w.dtype), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
@@ -237,7 +245,7 @@ def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=3
   )(qd, ud, decay, y, w, aqk, initial_state)
 
 
-def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=32, interpret=False):
+def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=None, interpret=False):
   """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
