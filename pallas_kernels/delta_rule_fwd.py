@@ -58,8 +58,9 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def grams_and_inverse(q_ref, u_ref, e_ref, g_ref, *, scale, key_block, sub_block, dots):
-  """(A = (I + T)^-1 fp32, A_qk fp32) [C, C] of one chunk, key_block key channels at a time."""
+def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
+  """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time."""
+  dots = cm.precisions(aqk_ref.dtype, interpret)
   C, K = q_ref.shape
   kb = min(key_block, K)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
@@ -72,29 +73,18 @@ def grams_and_inverse(q_ref, u_ref, e_ref, g_ref, *, scale, key_block, sub_block
 
   zeros = jnp.zeros((C, C), jnp.float32)
   T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
-  return cm.unit_lower_inverse(T, dots), A_qk
-
-
-def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
-  A, A_qk = grams_and_inverse(q_ref, u_ref, e_ref, g_ref, scale=scale, key_block=key_block, sub_block=sub_block,
-                              dots=cm.precisions(aqk_ref.dtype, interpret))
-  a_ref[...] = A
+  a_ref[...] = cm.unit_lower_inverse(T, dots)
   aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
 
 
 def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
                    key_block, value_block, interpret):
+  """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
+  key_block / value_block channels at a time."""
   io = cm.precisions(z_ref.dtype, interpret).io
-  write_solved(a_ref[...], q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, scale=scale,
-               key_block=key_block, io=io, value_block=value_block)
-
-
-def write_solved(A, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale, key_block,
-                 value_block, io):
-  """The outputs that follow from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~,
-  exp(G_C), key_block / value_block channels at a time (io: the precision of the Y and U dots)."""
   K, V = q_ref.shape[-1], z_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
+  A = a_ref[...]
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
