@@ -47,8 +47,8 @@ def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dh
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "interpret"))
-def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4,
+@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "num_stages", "interpret"))
+def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4, num_stages=1,
                    interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
   [B, H, N, K, V] fp32. qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`; d_o [B, T, H, V] in the io
@@ -66,7 +66,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
-      compiler_params=params(num_warps),
+      compiler_params=params(num_warps, num_stages),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
   )(qd, ud, decay, y, aqk, d_o, d_final_state)

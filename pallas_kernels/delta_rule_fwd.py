@@ -207,9 +207,10 @@ def state_block_v(B, H, V, block_v=None):
   return min(block_v, V)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "num_stages",
+                                             "interpret"))
 def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4,
-               interpret=False):
+               num_stages=1, interpret=False):
   """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
   fp32 and R = U - Y S [B, T, H, V] fp32."""
@@ -229,7 +230,7 @@ def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=N
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
-      compiler_params=params(num_warps),
+      compiler_params=params(num_warps, num_stages),
       interpret=interpret,
       name="delta_rule_state_pass",
   )(qd, ud, decay, y, w, aqk, initial_state)

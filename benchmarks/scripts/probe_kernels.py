@@ -3,7 +3,7 @@ over launch settings, and check the backward against autodiff of the chunk impl.
 
   CHUNKS=64,32 FWD="32:4:64:4,16:2:64:4" BWD="32:4:32:4" PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
-STATE_BLOCKS: block_v of the state passes. FWD: intra_chunk settings key_block:num_warps:solve_block:solve_warps (solve_block: its key and value block);
+STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes. FWD: intra_chunk settings key_block:num_warps:solve_block:solve_warps (solve_block: its key and value block);
 BWD: intra_chunk_bwd settings key_block:num_warps:pair_key_block:pair_warps; SUB_BLOCK the sub-block size.
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
 (`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
@@ -36,6 +36,7 @@ settings = lambda name, default: [tuple(int(n) for n in x.split(":")) for x in o
 FWD, BWD = settings("FWD", "32:4:64:4"), settings("BWD", "32:4:32:4")
 SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
 STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
+STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "1").split(",")]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret, sub_block=SUB_BLOCK)
   for kb, nw, sb, sw in FWD:
@@ -47,15 +48,20 @@ for C in CHUNKS:
   q, u, e, z, g = sets[0]
   kw.pop("sub_block")
   for bv in STATE_BLOCKS:
-    timed(f"C={C} state_pass bv={bv}", lambda *a, bv=bv: state_pass(*a, block_v=bv, **kw), [(qd, ud, decay, y, w, aqk, h0)])
-    timed(f"C={C} state_pass bv={bv} save_states", lambda *a, bv=bv: state_pass(*a, block_v=bv, save_states=True, **kw),
-          [(qd, ud, decay, y, w, aqk, h0)])
+    for st in STATE_STAGES:
+      timed(f"C={C} state_pass bv={bv} stages={st}", lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
+            [(qd, ud, decay, y, w, aqk, h0)])
+      timed(f"C={C} state_pass bv={bv} stages={st} save_states",
+            lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, save_states=True, **kw),
+            [(qd, ud, decay, y, w, aqk, h0)])
   o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
   d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
   d_ht = jnp.zeros_like(ht)
   for bv in STATE_BLOCKS:
-    timed(f"C={C} state_pass_bwd bv={bv}", lambda *a, bv=bv: state_pass_bwd(*a, block_v=bv, **kw),
-          [(qd, ud, decay, y, aqk, d_o, d_ht)])
+    for st in STATE_STAGES:
+      timed(f"C={C} state_pass_bwd bv={bv} stages={st}",
+            lambda *a, bv=bv, st=st: state_pass_bwd(*a, block_v=bv, num_stages=st, **kw),
+            [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
   bwd_args = [(q, u, e, z, g, r, A, states, d_states, d_o, d_r)]
   for kb, nw, pkb, pw in BWD:
