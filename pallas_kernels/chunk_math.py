@@ -24,7 +24,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import triton as pltriton
 
 # Near-fp32 tensor-core products (three TF32 passes); plain TF32 gave ~6e-4 relative error in the inverse.
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
@@ -168,12 +167,8 @@ def decayed_grams(xs, y, G, precision, sub=SUB_BLOCK):
   return grams
 
 
-def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=SUB_BLOCK):
+def decayed_grams_bwd(pairs, y, G, precision, sub=SUB_BLOCK):
   """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
-
-  loop_index: the index of the enclosing loop over key blocks. The level masks depend on it so the
-  compiler rebuilds each masked dM where it is used instead of hoisting all of them out of the loop
-  (on the H200 the hoisted matrices overflowed shared memory).
 
   Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
   (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
@@ -184,7 +179,7 @@ def decayed_grams_bwd(pairs, y, G, precision, loop_index, sub=SUB_BLOCK):
   dxs, dy = block_grams_bwd(pairs, y, G, sub)
   for b in block_sizes(C, sub):
     row_factor, col_factor = level_factors(G, b)
-    mask = pair_mask(C, b) & (loop_index >= 0)
+    mask = pair_mask(C, b)
     y_col = y * col_factor
     for i, (x, dm) in enumerate(pairs):
       dm = jnp.where(mask, dm, 0.0)
@@ -224,9 +219,3 @@ def lower_ones(C, strict, loop_index=0):
   its index: the matrix is then rebuilt where it is used instead of held in registers across the loop."""
   r, c = iota((C, C), 0), iota((C, C), 1)
   return (((c < r) if strict else (c <= r)) & (loop_index >= 0)).astype(jnp.float32)
-
-
-def barrier(interpret):
-  """A barrier between a program's writes and its later reads of the same memory: the interpreter runs a
-  program's memory operations in order, on the GPU its warps need one."""
-  return (lambda: None) if interpret else pltriton.debug_barrier

@@ -151,7 +151,7 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg
   G = jnp.cumsum(g_ref[...], axis=0)
   q, u, e = (x[...].astype(jnp.float32) for x in (q_ref, u_ref, e_ref))
   q = q * scale
-  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, 0, sub_block)
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, sub_block)
   dg_ref[...] += cm.dot(cm.lower_ones(C, False).T, d_G, near)
   dq_ref[...] = ((d_q + parts_ref[1] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
   du_ref[...] = (d_u + parts_ref[2] + d_aqk_diag * q).astype(du_ref.dtype)

@@ -66,7 +66,7 @@ def test_decayed_grams_elementwise_blocks_and_tree_match_brute_force(C, sub, dec
   for M, x in ((M1, x1), (M2, x2)):
     np.testing.assert_allclose(np.asarray(M), _brute_gram(x, y, G), rtol=1e-5, atol=1e-5)
 
-  bwd = jax.jit(lambda a, b, c, d, e, f: cm.decayed_grams_bwd([(a, e), (b, f)], c, d, jax.lax.Precision.HIGHEST, 0,
+  bwd = jax.jit(lambda a, b, c, d, e, f: cm.decayed_grams_bwd([(a, e), (b, f)], c, d, jax.lax.Precision.HIGHEST,
                                                               sub=sub))
   (dx1, dx2), dy, dG = bwd(f32(x1), f32(x2), f32(y), f32(G), f32(dm1), f32(dm2))
   # The brute-force cotangents, by hand in float64: dM[r,c] times each factor of the pair's term.
