@@ -37,17 +37,7 @@ for mixer in mixers:
   if op is None:
     continue
   import torch
-  xs = [fla_peer.to_torch(np.asarray(x), requires_grad=True) for x in args.values()]
-  cotangent = fla_peer.to_torch(np.asarray(readout)).to(xs[2].dtype)
-  sync = lambda _: torch.cuda.synchronize()
-
-  def peer_fwd(*xs):
-    with torch.no_grad():
-      return op(*xs, use_qk_l2norm_in_kernel=True)[0]
-
-  def peer_step(*xs):
-    return torch.autograd.grad(op(*xs, use_qk_l2norm_in_kernel=True)[0], xs, grad_outputs=cotangent)
-
+  (xs,), peer_fwd, peer_step, sync = fla_peer.peer_calls(op, [args], np.asarray(readout))
   for run in range(3):  # fla autotunes on its first runs
     breakdown(f"{mixer} {shape} fla fwd (run {run})", peer_fwd, xs, top=20, sync=sync)
     breakdown(f"{mixer} {shape} fla fwd+bwd (run {run})", peer_step, xs, top=30, sync=sync)

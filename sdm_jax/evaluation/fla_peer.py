@@ -41,7 +41,7 @@ def load_peer(mixer):
   return op, f"{module_name}.{name} ({versions})"
 
 
-def to_torch(x, requires_grad=False):
+def _to_torch(x, requires_grad=False):
   import torch
   x = np.asarray(x)
   if x.dtype.name == "bfloat16":  # numpy has no bf16 of its own; the fp32 round trip is exact
@@ -51,15 +51,13 @@ def to_torch(x, requires_grad=False):
   return tensor.requires_grad_(requires_grad)
 
 
-def time_peer(op, arg_sets, readout, reps):
-  """Times op's forward and forward+backward (vjp with cotangent `readout` w.r.t. every input).
-
-  arg_sets: dicts of arrays in the op's argument order (q, k, v, g, gates); readout: [B, T, H, V].
-  Returns ({"fwd_ms", "fwd_bwd_ms"}, o of the first set as np.float32).
-  """
+def peer_calls(op, arg_sets, readout):
+  """The peer on torch copies of arg_sets (dicts of arrays in the op's argument order: q, k, v, g, gates):
+  (sets of tensors, forward(*xs) -> o, forward_backward(*xs) -> the vjp with cotangent `readout` [B, T, H, V]
+  w.r.t. every input, sync)."""
   import torch
-  sets = [[to_torch(x, requires_grad=True) for x in args.values()] for args in arg_sets]
-  cotangent = to_torch(readout).to(sets[0][2].dtype)
+  sets = [[_to_torch(x, requires_grad=True) for x in args.values()] for args in arg_sets]
+  cotangent = _to_torch(readout).to(sets[0][2].dtype)
 
   def forward(*xs):
     with torch.no_grad():
@@ -69,7 +67,16 @@ def time_peer(op, arg_sets, readout, reps):
     o, _ = op(*xs, use_qk_l2norm_in_kernel=True)
     return torch.autograd.grad(o, xs, grad_outputs=cotangent)
 
-  sync = lambda _: torch.cuda.synchronize()
+  return sets, forward, forward_backward, lambda _: torch.cuda.synchronize()
+
+
+def time_peer(op, arg_sets, readout, reps):
+  """Times op's forward and forward+backward (`peer_calls`).
+
+  Returns ({"fwd_ms", "fwd_bwd_ms"}, o of the first set as np.float32).
+  """
+  import torch
+  sets, forward, forward_backward, sync = peer_calls(op, arg_sets, readout)
   timings = {"fwd_ms": median_ms(forward, sets, reps, sync), "fwd_bwd_ms": median_ms(forward_backward, sets, reps, sync)}
   o = forward(*sets[0]).float().cpu().numpy()
   del sets
