@@ -38,15 +38,14 @@ SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
 STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
 STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "1").split(",")]
 for C in CHUNKS:
-  kw = dict(chunk_size=C, interpret=interpret, sub_block=SUB_BLOCK)
+  kw = dict(chunk_size=C, interpret=interpret)
   for kb, nw, sb, sw in FWD:
     timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw}",
           lambda *a, kb=kb, nw=nw, sb=sb, sw=sw: intra_chunk(*a, save_inverse=True, key_block=kb, num_warps=nw,
                                                              solve_key_block=sb, solve_value_block=sb, solve_warps=sw,
-                                                             scale=scale, **kw), sets)
+                                                             sub_block=SUB_BLOCK, scale=scale, **kw), sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
   q, u, e, z, g = sets[0]
-  kw.pop("sub_block")
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
       timed(f"C={C} state_pass bv={bv} stages={st}", lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
