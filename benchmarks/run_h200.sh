@@ -38,6 +38,15 @@ mqar_runs() {  # mqar_runs NAME LIMIT "VARIANTS" OVERRIDES...: pallas MQAR runs 
   done
   run 30 python3 -m experiments.summarize_runs --workdirs="$(IFS=,; echo "${workdirs[*]}")" --out="$RES/${name}_summary"
 }
+compare_runs() {  # compare_runs NAME LIMIT IMPLS "DTYPES" ARGS...: compare_impls for every mixer (KERNEL_MIXERS) and dtype
+  local name=$1 limit=$2 impls=$3 dtypes=$4; shift 4
+  for dt in ${KERNEL_DTYPES:-$dtypes}; do
+    for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do
+      run "$limit" python3 -m experiments.compare_impls --mixer=$m --impls=$impls --heads=16 --head_dim=128 --dtype=$dt \
+        --out_json="$RES/${name}_${m}_$dt.json" "$@"
+    done
+  done
+}
 steps=${*:-kernels bench sdm train}
 for step in $steps; do
   case $step in
@@ -51,12 +60,7 @@ for step in $steps; do
     ops)  # our op and fla's, kernel by kernel, in one process (probe_ops.py)
       run ${OPS_LIMIT:-300} python3 benchmarks/scripts/probe_ops.py ${OPS_MIXERS:-gdn2,kda} ${OPS_SHAPE:-4x4096} ;;
     scan)  # every impl against scan on the GPU at a shorter T that is not a whole number of chunks (19 of 64)
-      for dt in ${KERNEL_DTYPES:-float32 bfloat16}; do
-        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do
-          run ${SCAN_LIMIT:-100} python3 -m experiments.compare_impls --mixer=$m --impls=scan,chunk,pallas --batch=2 \
-            --seq_len=${SCAN_T:-1200} --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/scan_${m}_$dt.json"
-        done
-      done ;;
+      compare_runs scan ${SCAN_LIMIT:-100} scan,chunk,pallas "float32 bfloat16" --batch=2 --seq_len=${SCAN_T:-1200} ;;
     ncu)  # Nsight Compute on the per-chunk kernels, where the image has it and allows counters
       if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
         NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -67,12 +71,7 @@ for step in $steps; do
         echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
       fi ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
-      for dt in ${KERNEL_DTYPES:-bfloat16 float32}; do
-        for m in ${KERNEL_MIXERS:-gdn2 kda gdn fg2_gdn fg2_gdn_plus}; do
-          run ${KERNEL_LIMIT:-150} python3 -m experiments.compare_impls --mixer=$m --impls=chunk,pallas --batch=4 --seq_len=4096 \
-            --heads=16 --head_dim=128 --dtype=$dt --out_json="$RES/compare_${m}_$dt.json"
-        done
-      done ;;
+      compare_runs compare ${KERNEL_LIMIT:-150} chunk,pallas "bfloat16 float32" --batch=4 --seq_len=4096 ;;
     bench)  # pallas and fla over SPEC section 7's shapes, one process per mixer so fla autotunes once per
       # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
       for m in ${BENCH_MIXERS:-gdn2 kda}; do
