@@ -199,6 +199,13 @@ def states_spec(N, K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, N, K, block_v), lambda b, h, j: (b, h, 0, 0, j))
 
 
+# Triton software pipelining of the state passes' chunk loop (the next chunk's loads overlap this chunk's dots).
+# On the H200 at B 4, T 4096 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), 2 stages against 1: chunk 32
+# state_pass 0.306 / 0.519 ms (0.425 / 0.757 saving states), state_pass_bwd 0.419 / 0.666; chunk 64 0.328 / 0.318
+# (0.417 / 0.447 saving states), backward 0.390 / 0.392.
+STATE_STAGES = 2
+
+
 def state_block_v(B, H, V, block_v=None):
   """Value columns per program of the state passes (grid B x H x V / block_v): 32, or 16 when that leaves
   fewer than 256 programs (B = 1 or 2 at H = 16, V = 128) so the sequential passes fill more of the GPU."""
@@ -210,7 +217,7 @@ def state_block_v(B, H, V, block_v=None):
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "num_stages",
                                              "interpret"))
 def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4,
-               num_stages=1, interpret=False):
+               num_stages=STATE_STAGES, interpret=False):
   """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
   fp32 and R = U - Y S [B, T, H, V] fp32."""
