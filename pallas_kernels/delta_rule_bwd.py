@@ -26,8 +26,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (STATE_STAGES, VALUE_BLOCK, backward_settings, chunk_rows_spec, chunk_spec,
-                                           columns, params, seq_spec, state_block_v, state_dot, state_spec, states_spec)
+from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, backward_settings, chunk_rows_spec, chunk_spec, columns,
+                                           params, seq_spec, state_block_v, state_dot, state_spec, state_stages,
+                                           states_spec)
 
 
 def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
@@ -49,7 +50,7 @@ def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dh
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "num_stages", "interpret"))
 def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4,
-                   num_stages=STATE_STAGES, interpret=False):
+                   num_stages=None, interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
   [B, H, N, K, V] fp32. qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`; d_o [B, T, H, V] in the io
   dtype, d_final_state [B, H, K, V] fp32."""
@@ -66,7 +67,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
-      compiler_params=params(num_warps, num_stages),
+      compiler_params=params(num_warps, state_stages(chunk_size, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
   )(qd, ud, decay, y, aqk, d_o, d_final_state)

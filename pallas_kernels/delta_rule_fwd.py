@@ -199,11 +199,18 @@ def states_spec(N, K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, N, K, block_v), lambda b, h, j: (b, h, 0, 0, j))
 
 
-# Triton software pipelining of the state passes' chunk loop (the next chunk's loads overlap this chunk's dots).
-# On the H200 at B 4, T 4096 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), 2 stages against 1: chunk 32
-# state_pass 0.306 / 0.519 ms (0.425 / 0.757 saving states), state_pass_bwd 0.419 / 0.666; chunk 64 0.328 / 0.318
-# (0.417 / 0.447 saving states), backward 0.390 / 0.392.
-STATE_STAGES = 2
+def state_stages(chunk_size, num_stages=None):
+  """Triton software-pipelining stages of the state passes' chunk loop (the next chunks' loads overlap this
+  chunk's dots): 3 up to chunk 64; 1 at chunk 128 (untimed; its tiles are twice chunk 64's in shared memory).
+
+  On the H200 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), 1 / 2 / 3 stages:
+  B 1, T 16384, chunk 32: state_pass 1.729 / 0.878 / 0.644 ms, state_pass_bwd 1.856 / 1.007 / 0.801;
+  chunk 64: 1.009 / 0.542 / 0.385, backward 1.064 / 0.596 / 0.499. B 4, T 4096, chunk 32, 1 / 2 stages:
+  0.519 / 0.306, backward 0.666 / 0.419.
+  """
+  if num_stages is None:
+    num_stages = 3 if chunk_size <= 64 else 1
+  return num_stages
 
 
 def state_block_v(B, H, V, block_v=None):
@@ -217,7 +224,7 @@ def state_block_v(B, H, V, block_v=None):
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "num_stages",
                                              "interpret"))
 def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4,
-               num_stages=STATE_STAGES, interpret=False):
+               num_stages=None, interpret=False):
   """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
   fp32 and R = U - Y S [B, T, H, V] fp32."""
@@ -237,7 +244,7 @@ def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=N
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
-      compiler_params=params(num_warps, num_stages),
+      compiler_params=params(num_warps, state_stages(chunk_size, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass",
   )(qd, ud, decay, y, w, aqk, initial_state)

@@ -36,7 +36,7 @@ settings = lambda name, default: [tuple(int(n) for n in x.split(":")) for x in o
 FWD, BWD = settings("FWD", "32:4:64:4"), settings("BWD", "32:4:32:4")
 SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
 STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
-STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "2").split(",")]
+STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "3").split(",")]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
   for kb, nw, sb, sw in FWD:
