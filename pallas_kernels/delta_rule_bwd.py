@@ -67,7 +67,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
-      compiler_params=params(num_warps, state_stages(chunk_size, num_stages)),
+      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, d_o.dtype.itemsize, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
   )(qd, ud, decay, y, aqk, d_o, d_final_state)

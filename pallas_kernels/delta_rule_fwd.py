@@ -33,7 +33,7 @@ from pallas_kernels import chunk_math as cm
 
 
 # Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 at chunk 64 and
-# 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md; chunks 16 and 128 take the nearer one's, untimed):
+# 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md; chunk 16 takes chunk 32's, untimed):
 # key channels per step ([C, block] tiles stay in registers) and warps.
 KEY_BLOCK = 32
 SOLVE_BLOCK = 64
@@ -199,17 +199,31 @@ def states_spec(N, K, block_v):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, N, K, block_v), lambda b, h, j: (b, h, 0, 0, j))
 
 
-def state_stages(chunk_size, num_stages=None):
-  """Triton software-pipelining stages of the state passes' chunk loop (the next chunks' loads overlap this
-  chunk's dots): 3 up to chunk 64; 1 at chunk 128 (untimed; its tiles are twice chunk 64's in shared memory).
+# Shared memory one Triton program may use, by CUDA compute capability (the opt-in per-block maxima); others
+# get the smallest of recent GPUs.
+SHARED_MEMORY = {"9.0": 232_448, "8.0": 166_912, "8.7": 166_912}
+SHARED_MEMORY_DEFAULT = 101_376
 
-  On the H200 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), 1 / 2 / 3 stages:
+
+def shared_memory_bytes():
+  return SHARED_MEMORY.get(getattr(jax.devices()[0], "compute_capability", None), SHARED_MEMORY_DEFAULT)
+
+
+def state_stages(chunk_size, K, block_v, itemsize, num_stages=None, shared_memory=None):
+  """Triton software-pipelining stages of the state passes' chunk loop: the next chunks' loads ([C, K] q~, u~,
+  Y, [C, C] A_qk, [C, block_v] U or dO, each stage C (3K + C + block_v) itemsize bytes of shared memory)
+  overlap this chunk's dots. Up to 3, as many as fit with 16 KiB to spare; at least 1.
+
+  On the H200 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), bf16, 1 / 2 / 3 stages:
   B 1, T 16384, chunk 32: state_pass 1.729 / 0.878 / 0.644 ms, state_pass_bwd 1.856 / 1.007 / 0.801;
-  chunk 64: 1.009 / 0.542 / 0.385, backward 1.064 / 0.596 / 0.499. B 4, T 4096, chunk 32, 1 / 2 stages:
-  0.519 / 0.306, backward 0.666 / 0.419.
+  chunk 64: 1.009 / 0.542 / 0.385, backward 1.064 / 0.596 / 0.499. B 4, T 4096, chunk 32: 0.519 / 0.312 / 0.250,
+  backward 0.666 / 0.412 / 0.366. A request above the limit fails at compile time (chunk 128 bf16 at 2 stages
+  asked 282,624 bytes of 232,448; fp32 chunk 64 at 3, 286,720).
   """
   if num_stages is None:
-    num_stages = 3 if chunk_size <= 64 else 1
+    per_stage = chunk_size * (3 * K + chunk_size + block_v) * itemsize
+    budget = (shared_memory or shared_memory_bytes()) - 16 * 1024
+    num_stages = int(min(3, max(1, budget // per_stage)))
   return num_stages
 
 
@@ -244,7 +258,7 @@ def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=N
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
-      compiler_params=params(num_warps, state_stages(chunk_size, num_stages)),
+      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, w.dtype.itemsize, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass",
   )(qd, ud, decay, y, w, aqk, initial_state)
@@ -254,7 +268,7 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
-  T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64, 128}.
+  T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
   y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, g, scale=scale, chunk_size=chunk_size, interpret=interpret)
   return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,

@@ -14,7 +14,10 @@ import jax.numpy as jnp
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
 
-PALLAS_CHUNK_SIZES = (16, 32, 64, 128)
+# Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
+# (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
+# chunk 32 (2026-11-30, benchmarks/2026-11-30_h200_session8.md).
+PALLAS_CHUNK_SIZES = (16, 32, 64)
 
 
 def next_pow2(n, floor=16):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass, state_stages
 
 
 def _lower_for_h200(fn, *args):
@@ -17,7 +17,7 @@ def _lower_for_h200(fn, *args):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("chunk_size", [16, 64, 128])
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   N = T // chunk_size
@@ -38,3 +38,15 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   ]
   for fn, args, launches in kernels:
     assert _lower_for_h200(fn, *args).count("__gpu$xla.gpu.triton") == launches
+
+
+H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)
+
+
+@pytest.mark.parametrize("chunk_size,itemsize,block_v,want", [
+    (32, 2, 32, 3), (64, 2, 32, 3), (64, 2, 16, 3),  # ran on the H200 at 3 stages (session 8)
+    (128, 2, 32, 1), (64, 4, 16, 1),  # asked 282,624 bytes at 2 stages / 286,720 at 3 there: compile failures
+])
+def test_state_stages_fit_the_shared_memory_measured_on_the_h200(chunk_size, itemsize, block_v, want):
+  assert state_stages(chunk_size, 128, block_v, itemsize, shared_memory=H200) == want
+  assert state_stages(chunk_size, 128, block_v, itemsize, num_stages=2, shared_memory=H200) == 2  # asked for: kept
