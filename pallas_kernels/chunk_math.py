@@ -18,6 +18,10 @@ matrix, so the small levels would be full dots for a few entries. Pairs inside o
 block are formed elementwise instead, one column offset j at a time: every row r is paired with
 row j of its own block, exp(G_r - G_c) is taken directly (c < r, so the exponent is <= 0) and the
 products are summed over the key channels.
+
+The rows one pair needs (row j of a block, a level's midpoint) are gathered by index (`block_rows`)
+from G and y as the kernels hold them in memory, rather than picked out of registers by a masked
+sum over rows: G is the chunk cumsum the kernels read (`delta_rule_fwd.chunk_cumsum`).
 """
 
 from typing import NamedTuple
@@ -70,35 +74,30 @@ def pair_mask(C, b):
   return ((r // b) == (c // b)) & ((r % b) >= half) & ((c % b) < half)
 
 
-def level_factors(G, b):
-  """(row factor, column factor) [C, K] of level b, G [C, K] the chunk's fp32 cumsum.
+def block_rows(C, b, j):
+  """[C] int32: for every row, row j of its b-row block. Gathering x at it (x[block_rows(C, b, j)], a
+  gathered load inside a kernel) repeats that row over the block, with no reduction across rows."""
+  return (iota((C,), 0) // b) * b + j
+
+
+def level_factors(G, b, G_mid):
+  """(row factor, column factor) [C, K] of level b, G [C, K] the chunk's fp32 cumsum and G_mid [C, K] the last
+  row of the first half of each row's b-block (G at `block_rows(C, b, b // 2 - 1)`).
 
   row factor = exp(G_r - G_m) on rows in the second half of their b-block (else 0); column factor =
   exp(G_m - G_c) on rows in the first half (else 0); m the last row of the first half.
   """
   C, K = G.shape
-  half = b // 2
-  blocks = G.reshape(C // b, b, K)
-  mid = jnp.sum(jnp.where(iota(blocks.shape, 1) == half - 1, blocks, 0.0), axis=1, keepdims=True)
-  G_mid = jnp.broadcast_to(mid, blocks.shape).reshape(C, K)
-  late = (iota((C, K), 0) % b) >= half
+  late = (iota((C, K), 0) % b) >= b // 2
   # One exp serves both factors: G falls along the chunk, so both exponents are <= 0 on their rows.
   E = jnp.exp(jnp.where(late, G - G_mid, G_mid - G))
   return jnp.where(late, E, 0.0), jnp.where(late, 0.0, E)
 
 
-def row_of_block(x, j, sub):
-  """[C, K] -> [C, K]: row j of every sub-row block of x, repeated over its block."""
-  C, K = x.shape
-  blocks = x.reshape(C // sub, sub, K)
-  row = jnp.sum(jnp.where(iota(blocks.shape, 1) == j, blocks, 0.0), axis=1, keepdims=True)
-  return jnp.broadcast_to(row, blocks.shape).reshape(C, K)
-
-
-def block_decay(G, j, sub):
-  """[C, K] exp(G_r - G_c) with c row j of r's sub-row block, on rows r after it (else 0)."""
+def block_decay(G, G_j, j, sub):
+  """[C, K] exp(G_r - G_c) with c row j of r's sub-row block (G_j: G there), on rows r after it (else 0)."""
   later = (iota(G.shape, 0) % sub) > j
-  return jnp.where(later, jnp.exp(jnp.where(later, G - row_of_block(G, j, sub), 0.0)), 0.0)
+  return jnp.where(later, jnp.exp(jnp.where(later, G - G_j, 0.0)), 0.0)
 
 
 def offset_column(x, j):
@@ -120,28 +119,32 @@ def take_blocks(M, sub):
   return jnp.sum(jnp.where(iota(blocks.shape, 1) == iota(blocks.shape, 0) // sub, blocks, 0.0), axis=1)
 
 
-def block_grams(xs, y, G, sub):
-  """The pairs c < r inside one sub-row block of `decayed_grams`, elementwise in fp32: [C, C] per x."""
+def block_pairs(xs, G, sub, rows):
+  """The pairs c < r inside one sub-row block, elementwise in fp32: per x, D [C, sub] with D[r, j] the pair of
+  row r with row j of its block (`place_blocks` makes it the [C, C] block diagonal)."""
   C = G.shape[0]
+  y_rows, G_rows = rows
 
   def offset(j, Ds):
-    y_decayed = row_of_block(y, j, sub) * block_decay(G, j, sub)
+    at = block_rows(C, sub, j)
+    y_decayed = y_rows(at) * block_decay(G, G_rows(at), j, sub)
     pick = iota((C, sub), 1) == j
     return tuple(D + jnp.where(pick, jnp.sum(x * y_decayed, axis=1, keepdims=True), 0.0) for D, x in zip(Ds, xs))
 
-  Ds = jax.lax.fori_loop(0, sub - 1, offset, tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs))
-  return [place_blocks(D) for D in Ds]
+  return list(jax.lax.fori_loop(0, sub - 1, offset, tuple(jnp.zeros((C, sub), jnp.float32) for _ in xs)))
 
 
-def block_grams_bwd(pairs, y, G, sub):
-  """Backward of `block_grams`: ([dx], dy), pairs [(x, dM)] with dM [C, C] (only its blocks are read)."""
+def block_pairs_bwd(pairs, y, G, sub, rows):
+  """Backward of `block_pairs`: ([dx], dy), pairs [(x, dM)] with dM [C, C] (only its blocks are read)."""
   C, K = G.shape
+  y_rows, G_rows = rows
   dDs = [take_blocks(dm, sub) for _, dm in pairs]
 
   def offset(j, carry):
     dxs, dy = carry
-    E = block_decay(G, j, sub)
-    y_decayed = row_of_block(y, j, sub) * E
+    at = block_rows(C, sub, j)
+    E = block_decay(G, G_rows(at), j, sub)
+    y_decayed = y_rows(at) * E
     dms = [offset_column(dD, j) for dD in dDs]
     dxs = tuple(dx + dm * y_decayed for dx, dm in zip(dxs, dms))
     # Row j of each block gathers its pairs' terms summed over the block's later rows.
@@ -154,21 +157,32 @@ def block_grams_bwd(pairs, y, G, sub):
   return list(dxs), dy
 
 
-def decayed_grams(xs, y, G, precision, sub=SUB_BLOCK):
-  """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower)."""
+def level_pairs(xs, y, G, precision, sub, rows):
+  """The pairs across sub-row blocks, one masked dot per tree level: per x, M [C, C]."""
   C = G.shape[0]
-  sub = min(sub, C)
-  grams = block_grams(xs, y, G, sub)
+  Ms = [jnp.zeros((C, C), jnp.float32) for _ in xs]
   for b in block_sizes(C, sub):
-    row_factor, col_factor = level_factors(G, b)
+    row_factor, col_factor = level_factors(G, b, rows[1](block_rows(C, b, b // 2 - 1)))
     mask = pair_mask(C, b)
     y_col = (y * col_factor).T
-    grams = [m + jnp.where(mask, dot(x * row_factor, y_col, precision), 0.0) for m, x in zip(grams, xs)]
-  return grams
+    Ms = [m + jnp.where(mask, dot(x * row_factor, y_col, precision), 0.0) for m, x in zip(Ms, xs)]
+  return Ms
 
 
-def decayed_grams_bwd(pairs, y, G, precision, sub=SUB_BLOCK):
-  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower.
+def decayed_grams(xs, y, G, precision, rows, sub=SUB_BLOCK):
+  """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower).
+
+  rows = (y_rows, G_rows): y and G gathered at an index vector ([C] -> [C, K]; in a kernel, loads from the
+  refs, so no row is extracted by a reduction across rows). Inside a loop over key blocks, `block_pairs` and
+  `level_pairs` can be summed separately and placed once at the end.
+  """
+  sub = min(sub, G.shape[0])
+  return [place_blocks(D) + M for D, M in zip(block_pairs(xs, G, sub, rows), level_pairs(xs, y, G, precision, sub,
+                                                                                       rows))]
+
+
+def decayed_grams_bwd(pairs, y, G, precision, rows, sub=SUB_BLOCK):
+  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower; rows as there.
 
   Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
   (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
@@ -176,9 +190,9 @@ def decayed_grams_bwd(pairs, y, G, precision, sub=SUB_BLOCK):
   """
   C = G.shape[0]
   sub = min(sub, C)
-  dxs, dy = block_grams_bwd(pairs, y, G, sub)
+  dxs, dy = block_pairs_bwd(pairs, y, G, sub, rows)
   for b in block_sizes(C, sub):
-    row_factor, col_factor = level_factors(G, b)
+    row_factor, col_factor = level_factors(G, b, rows[1](block_rows(C, b, b // 2 - 1)))
     mask = pair_mask(C, b)
     y_col = y * col_factor
     for i, (x, dm) in enumerate(pairs):
@@ -207,11 +221,6 @@ def unit_lower_inverse(T, dots):
     A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, dots.tf32), dots.tf32)
   residual = eye - A - dot(T, A, dots.near)
   return A + dot(A, residual, dots.near)
-
-
-def last_row(G):
-  """G_C [K]: the last row of a chunk's cumsum G [C, K] (the same rounding as G, so G_C - G stays <= 0)."""
-  return jnp.sum(jnp.where(iota(G.shape, 0) == G.shape[0] - 1, G, 0.0), axis=0)
 
 
 def lower_ones(C, strict, loop_index=0):

@@ -73,7 +73,7 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
   )(qd, ud, decay, y, aqk, d_o, d_final_state)
 
 
-def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
                             dz_ref, dg_ref, parts_ref, dt_ref, daqk_ref, *, scale, key_block, interpret):
   """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`)."""
   f32 = jnp.float32
@@ -109,9 +109,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
       d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
       d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
       d_decay += jnp.sum(state * d_state, axis=1)
-    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    G = G_ref[:, keys]
     decay = jnp.exp(G)
-    G_last = cm.last_row(G)[None, :]
+    G_last = G_ref[C - 1, keys][None, :]
     to_end = jnp.exp(G_last - G)
     e, u = columns(e_ref, i, kb), columns(u_ref, i, kb)
     e_decayed = e * decay
@@ -138,7 +138,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, g_ref, r_ref, a_ref, s_r
   daqk_ref[...] = d_aqk
 
 
-def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
+def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, daqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
                      dg_ref, *, scale, sub_block, interpret):
   """Pass 4, one key block of one chunk: the decayed Gram matrices' gradients (from dT and dA_qk [C, C]),
   added to pass 2's terms (parts, dg) to give dq, du, de and dg."""
@@ -149,10 +149,11 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg
   d_aqk = daqk_ref[...]
   d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
   d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
-  G = jnp.cumsum(g_ref[...], axis=0)
+  G = G_ref[...]
   q, u, e = (x[...].astype(jnp.float32) for x in (q_ref, u_ref, e_ref))
   q = q * scale
-  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, sub_block)
+  rows = (lambda at: u_ref[at, :].astype(jnp.float32), lambda at: G_ref[at, :])
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, rows, sub_block)
   dg_ref[...] += cm.dot(cm.lower_ones(C, False).T, d_G, near)
   dq_ref[...] = ((d_q + parts_ref[1] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
   du_ref[...] = (d_u + parts_ref[2] + d_aqk_diag * q).astype(du_ref.dtype)
@@ -161,11 +162,11 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, g_ref, dt_ref, daqk_ref, parts_ref, dg
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps",
                                              "pair_key_block", "pair_warps", "interpret"))
-def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
+def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
                     sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
-  A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
+  G: `chunk_cumsum(g)`; A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the
   gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`.
   Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
   key block of pair_key_block channels (pair_warps); settings left None: `backward_settings`.
@@ -193,7 +194,7 @@ def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, c
       compiler_params=params(num_warps),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
-  )(q, u, e, z, g, r, A, states, d_states, d_o, d_r)
+  )(q, u, e, z, G, r, A, states, d_states, d_o, d_r)
   block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
   pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
   dq, du, de, dg = pl.pallas_call(
@@ -206,5 +207,5 @@ def intra_chunk_bwd(q, u, e, z, g, r, A, states, d_states, d_o, d_r, *, scale, c
       compiler_params=params(pair_warps),
       interpret=interpret,
       name="delta_rule_pair_bwd",
-  )(q, u, e, g, d_t, d_aqk, parts, dg)
+  )(q, u, e, G, d_t, d_aqk, parts, dg)
   return dq, du, de, dz, dg

@@ -17,7 +17,7 @@ passes: those loops then read no g and take no exp. q~ and u~ travel in the io d
 rounding the state passes' dots gave them anyway.
 
 Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e: [B, T, H, K]; z: [B, T, H, V];
-g: [B, T, H, K] fp32 log decay; initial_state: [B, H, K, V] fp32; exp(G_C): [B, N, H, K] fp32. For
+g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V] fp32; exp(G_C): [B, N, H, K] fp32. For
 the backward, intra_chunk can also return A [B, T, H, C] fp32 and state_pass the state entering
 every chunk [B, H, N, K, V] fp32.
 """
@@ -58,40 +58,46 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def _gram_solve_kernel(q_ref, u_ref, e_ref, g_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
-  """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time."""
+def _gram_solve_kernel(q_ref, u_ref, e_ref, G_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
+  """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time. The pairs inside sub-blocks
+  are summed over the key blocks as [C, sub_block] and placed once at the end."""
   dots = cm.precisions(aqk_ref.dtype, interpret)
   C, K = q_ref.shape
-  kb = min(key_block, K)
+  kb, sub = min(key_block, K), min(sub_block, C)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
   def gram_block(i, acc):
-    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    keys = pl.ds(i * kb, kb)
+    rows = (lambda at: u_ref[at, keys].astype(jnp.float32), lambda at: G_ref[at, keys])
+    G = G_ref[:, keys]
     q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
-    T, A_qk = cm.decayed_grams([e, q], u, G, dots.io, sub_block)
-    return acc[0] + T, acc[1] + A_qk + jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
+    D_T, D_qk = cm.block_pairs([e, q], G, sub, rows)
+    M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows)
+    diag = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
+    return acc[0] + D_T, acc[1] + D_qk, acc[2] + M_T, acc[3] + M_qk + diag
 
-  zeros = jnp.zeros((C, C), jnp.float32)
-  T, A_qk = jax.lax.fori_loop(0, K // kb, gram_block, (zeros, zeros))
-  a_ref[...] = cm.unit_lower_inverse(T, dots)
-  aqk_ref[...] = A_qk.astype(aqk_ref.dtype)
+  blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
+  D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
+  a_ref[...] = cm.unit_lower_inverse(cm.place_blocks(D_T) + M_T, dots)
+  aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(aqk_ref.dtype)
 
 
-def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, g_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
+def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, G_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
                    key_block, value_block, interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
   key_block / value_block channels at a time."""
   io = cm.precisions(z_ref.dtype, interpret).io
-  K, V = q_ref.shape[-1], z_ref.shape[-1]
+  C, K = q_ref.shape
+  V = z_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
   A = a_ref[...]
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
-    G = jnp.cumsum(columns(g_ref, i, kb), axis=0)
+    G = G_ref[:, keys]
     decay = jnp.exp(G)
     y_ref[:, keys] = cm.dot(A, columns(e_ref, i, kb) * decay, io).astype(y_ref.dtype)
-    G_last = cm.last_row(G)
+    G_last = G_ref[C - 1, keys]
     qd_ref[:, keys] = (columns(q_ref, i, kb) * (scale * decay)).astype(qd_ref.dtype)
     ud_ref[:, keys] = (columns(u_ref, i, kb) * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
     decay_ref[keys] = jnp.exp(G_last)
@@ -128,6 +134,13 @@ def _state_pass_kernel(qd_ref, ud_ref, decay_ref, y_ref, w_ref, aqk_ref, h0_ref,
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
 
+def chunk_cumsum(g, chunk_size):
+  """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size). Every kernel reads G
+  rather than summing g itself, so all of them see the same rounding, and rows of G are plain loads."""
+  B, T, H, K = g.shape
+  return jnp.cumsum(g.astype(jnp.float32).reshape(B, T // chunk_size, chunk_size, H, K), axis=2).reshape(B, T, H, K)
+
+
 def params(num_warps, num_stages=1):
   return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
@@ -145,10 +158,10 @@ def chunk_row_spec(K):
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
                                              "num_warps", "solve_key_block", "solve_value_block", "solve_warps",
                                              "interpret"))
-def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
+def intra_chunk(q, u, e, z, G, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
                 num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
                 interpret=False):
-  """Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
+  """G = `chunk_cumsum(g)`. Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32.
 
@@ -166,7 +179,7 @@ def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_blo
                         sub_block=sub_block, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), z.dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2,
-      compiler_params=params(num_warps), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, g)
+      compiler_params=params(num_warps), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, G)
   y, w, qd, ud, decay = pl.pallas_call(
       functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
                         interpret=interpret),
@@ -175,7 +188,7 @@ def intra_chunk(q, u, e, z, g, *, scale, chunk_size, save_inverse=False, key_blo
       grid=grid,
       in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
       out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
-      compiler_params=params(solve_warps), interpret=interpret, name="delta_rule_solved")(A, q, u, e, z, g)
+      compiler_params=params(solve_warps), interpret=interpret, name="delta_rule_solved")(A, q, u, e, z, G)
   return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
 
 
@@ -270,6 +283,7 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
-  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, g, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, chunk_cumsum(g, chunk_size), scale=scale, chunk_size=chunk_size,
+                                         interpret=interpret)
   return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,
                     interpret=interpret)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
@@ -39,13 +39,14 @@ STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
 STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "3").split(",")]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
+  chunk_sets = [(q, u, e, z, chunk_cumsum(g, C)) for q, u, e, z, g in sets]  # the kernels read G, not g
   for kb, nw, sb, sw in FWD:
     timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw}",
           lambda *a, kb=kb, nw=nw, sb=sb, sw=sw: intra_chunk(*a, save_inverse=True, key_block=kb, num_warps=nw,
                                                              solve_key_block=sb, solve_value_block=sb, solve_warps=sw,
-                                                             sub_block=SUB_BLOCK, scale=scale, **kw), sets)
-  y, w, aqk, qd, ud, decay, A = intra_chunk(*sets[0], save_inverse=True, scale=scale, **kw)
-  q, u, e, z, g = sets[0]
+                                                             sub_block=SUB_BLOCK, scale=scale, **kw), chunk_sets)
+  y, w, aqk, qd, ud, decay, A = intra_chunk(*chunk_sets[0], save_inverse=True, scale=scale, **kw)
+  q, u, e, z, G = chunk_sets[0]
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
       timed(f"C={C} state_pass bv={bv} stages={st}", lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
@@ -62,7 +63,7 @@ for C in CHUNKS:
             lambda *a, bv=bv, st=st: state_pass_bwd(*a, block_v=bv, num_stages=st, **kw),
             [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
-  bwd_args = [(q, u, e, z, g, r, A, states, d_states, d_o, d_r)]
+  bwd_args = [(q, u, e, z, G, r, A, states, d_states, d_o, d_r)]
   for kb, nw, pkb, pw in BWD:
     timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw}",
           lambda *a, kb=kb, nw=nw, pkb=pkb, pw=pw: intra_chunk_bwd(

@@ -2,8 +2,8 @@
 
 Forward: `pallas_kernels.delta_rule_fwd` (intra_chunk, then state_pass). Backward, in a custom_vjp:
 `pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
-saved: the padded inputs, Y, A_qk, the chunk decays q~, u~, exp(G_C), the fp32 inverse A, the fp32 state
-entering every chunk and R = U - Y S.
+saved: the padded inputs (g as its chunk cumsum G, which every kernel reads), Y, A_qk, the chunk decays
+q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S.
 """
 
 import functools
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
 
 # Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
 # (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
@@ -49,10 +49,11 @@ def _forward(q, u, e, z, g, state, scale, chunk_size, save):
   q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
   z = _pad(z, Tp, Vp)
   kw = dict(chunk_size=chunk_size, interpret=_interpret())
-  y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, g, save_inverse=save, scale=scale, **kw)
+  G = chunk_cumsum(g, chunk_size)
+  y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, G, save_inverse=save, scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
-  return out, ((q, u, e, z, g, y, aqk, qd, ud, decay, inverse[0], *saved) if save else None)
+  return out, ((q, u, e, z, G, y, aqk, qd, ud, decay, inverse[0], *saved) if save else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
@@ -66,14 +67,14 @@ def _fwd(q, u, e, z, g, state, scale, chunk_size):
 
 
 def _bwd(scale, chunk_size, residuals, cotangents):
-  (q, u, e, z, g, y, aqk, qd, ud, decay, inverse, states, r), (B, T, H, K), V = residuals
+  (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), (B, T, H, K), V = residuals
   d_o, d_final = cotangents
   Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
   kw = dict(chunk_size=chunk_size, interpret=_interpret())
   d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o,
                                           _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
-  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, g, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
+  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, G, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
   key = lambda x: x[:, :T, :, :K]
   return key(dq), key(du), key(de), dz[:, :T, :, :V], key(dg), d_state[:, :, :K, :V]
 

@@ -61,13 +61,14 @@ def test_decayed_grams_elementwise_blocks_and_tree_match_brute_force(C, sub, dec
   # The reference starts from the same fp32 values (G rounded to fp32 moves exponents near -1000 by 3e-5).
   x1, x2, y, G, dm1, dm2 = (np.float64(np.float32(a)) for a in (x1, x2, y, G, dm1, dm2))
   f32 = lambda a: jnp.asarray(a, jnp.float32)
-  grams = lambda a, b, c, d: cm.decayed_grams([a, b], c, d, jax.lax.Precision.HIGHEST, sub=sub)
+  rows = lambda c, d: (lambda at: c[at], lambda at: d[at])  # gathered rows (loads inside a kernel)
+  grams = lambda a, b, c, d: cm.decayed_grams([a, b], c, d, jax.lax.Precision.HIGHEST, rows(c, d), sub=sub)
   M1, M2 = jax.jit(grams)(f32(x1), f32(x2), f32(y), f32(G))
   for M, x in ((M1, x1), (M2, x2)):
     np.testing.assert_allclose(np.asarray(M), _brute_gram(x, y, G), rtol=1e-5, atol=1e-5)
 
   bwd = jax.jit(lambda a, b, c, d, e, f: cm.decayed_grams_bwd([(a, e), (b, f)], c, d, jax.lax.Precision.HIGHEST,
-                                                              sub=sub))
+                                                              rows(c, d), sub=sub))
   (dx1, dx2), dy, dG = bwd(f32(x1), f32(x2), f32(y), f32(G), f32(dm1), f32(dm2))
   # The brute-force cotangents, by hand in float64: dM[r,c] times each factor of the pair's term.
   expo = G[:, None, :] - G[None, :, :]
