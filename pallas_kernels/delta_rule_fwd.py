@@ -17,7 +17,8 @@ passes: those loops then read no g and take no exp. q~ and u~ travel in the io d
 rounding the state passes' dots gave them anyway.
 
 Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e: [B, T, H, K]; z: [B, T, H, V];
-g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V] fp32; exp(G_C): [B, N, H, K] fp32. For
+g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V]
+fp32; exp(G_C): [B, N, H, K] fp32. For
 the backward, intra_chunk can also return A [B, T, H, C] fp32 and state_pass the state entering
 every chunk [B, H, N, K, V] fp32.
 """
@@ -157,16 +158,17 @@ def chunk_row_spec(K):
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
                                              "num_warps", "solve_key_block", "solve_value_block", "solve_warps",
-                                             "interpret"))
+                                             "num_stages", "solve_stages", "interpret"))
 def intra_chunk(q, u, e, z, G, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
                 num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
-                interpret=False):
+                num_stages=1, solve_stages=1, interpret=False):
   """G = `chunk_cumsum(g)`. Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
   q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32.
 
   Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
-  A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps)."""
+  A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
+  solve_stages: Triton pipelining stages of their channel-block loops (1, untimed otherwise)."""
   default = forward_settings(chunk_size)
   key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
   B, T, H, K = q.shape
@@ -179,7 +181,7 @@ def intra_chunk(q, u, e, z, G, *, scale, chunk_size, save_inverse=False, key_blo
                         sub_block=sub_block, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), z.dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2,
-      compiler_params=params(num_warps), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, G)
+      compiler_params=params(num_warps, num_stages), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, G)
   y, w, qd, ud, decay = pl.pallas_call(
       functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
                         interpret=interpret),
@@ -188,7 +190,8 @@ def intra_chunk(q, u, e, z, G, *, scale, chunk_size, save_inverse=False, key_blo
       grid=grid,
       in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
       out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
-      compiler_params=params(solve_warps), interpret=interpret, name="delta_rule_solved")(A, q, u, e, z, G)
+      compiler_params=params(solve_warps, solve_stages), interpret=interpret,
+      name="delta_rule_solved")(A, q, u, e, z, G)
   return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
 
 

@@ -3,8 +3,10 @@ over launch settings, and check the backward against autodiff of the chunk impl.
 
   CHUNKS=64,32 FWD="32:4:64:4,16:2:64:4" BWD="32:4:32:4" PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
-STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes. FWD: intra_chunk settings key_block:num_warps:solve_block:solve_warps (solve_block: its key and value block);
-BWD: intra_chunk_bwd settings key_block:num_warps:pair_key_block:pair_warps; SUB_BLOCK the sub-block size.
+STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes. FWD: intra_chunk settings
+key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
+stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
+key_block:num_warps:pair_key_block:pair_warps[:stages]; SUB_BLOCK the sub-block size.
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
 (`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
 forward+backward and broken down per kernel.
@@ -40,11 +42,13 @@ STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "3").split(",")]
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
   chunk_sets = [(q, u, e, z, chunk_cumsum(g, C)) for q, u, e, z, g in sets]  # the kernels read G, not g
-  for kb, nw, sb, sw in FWD:
-    timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw}",
-          lambda *a, kb=kb, nw=nw, sb=sb, sw=sw: intra_chunk(*a, save_inverse=True, key_block=kb, num_warps=nw,
-                                                             solve_key_block=sb, solve_value_block=sb, solve_warps=sw,
-                                                             sub_block=SUB_BLOCK, scale=scale, **kw), chunk_sets)
+  for kb, nw, sb, sw, *stages in FWD:
+    st, sst = stages[0] if stages else 1, stages[1] if len(stages) > 1 else 1
+    timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw} "
+          f"stages={st}:{sst}",
+          lambda *a, kb=kb, nw=nw, sb=sb, sw=sw, st=st, sst=sst: intra_chunk(
+              *a, save_inverse=True, key_block=kb, num_warps=nw, solve_key_block=sb, solve_value_block=sb,
+              solve_warps=sw, num_stages=st, solve_stages=sst, sub_block=SUB_BLOCK, scale=scale, **kw), chunk_sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*chunk_sets[0], save_inverse=True, scale=scale, **kw)
   q, u, e, z, G = chunk_sets[0]
   for bv in STATE_BLOCKS:
@@ -64,11 +68,12 @@ for C in CHUNKS:
             [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
   bwd_args = [(q, u, e, z, G, r, A, states, d_states, d_o, d_r)]
-  for kb, nw, pkb, pw in BWD:
-    timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw}",
-          lambda *a, kb=kb, nw=nw, pkb=pkb, pw=pw: intra_chunk_bwd(
-              *a, key_block=kb, num_warps=nw, pair_key_block=pkb, pair_warps=pw, sub_block=SUB_BLOCK, scale=scale,
-              **kw), bwd_args)
+  for kb, nw, pkb, pw, *stages in BWD:
+    st = stages[0] if stages else 1
+    timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw} stages={st}",
+          lambda *a, kb=kb, nw=nw, pkb=pkb, pw=pw, st=st: intra_chunk_bwd(
+              *a, key_block=kb, num_warps=nw, pair_key_block=pkb, pair_warps=pw, num_stages=st, sub_block=SUB_BLOCK,
+              scale=scale, **kw), bwd_args)
 
 # The whole op (generalized rule, already-formed u, e, z, default settings): forward, and forward + backward.
 for chunk in CHUNKS:
