@@ -18,9 +18,8 @@ rounding the state passes' dots gave them anyway.
 
 Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e: [B, T, H, K]; z: [B, T, H, V];
 g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V]
-fp32; exp(G_C): [B, N, H, K] fp32. For
-the backward, intra_chunk can also return A [B, T, H, C] fp32 and state_pass the state entering
-every chunk [B, H, N, K, V] fp32.
+fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
+state_pass the state entering every chunk [B, H, N, K, V] fp32.
 """
 
 import functools
