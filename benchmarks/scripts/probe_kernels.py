@@ -3,7 +3,8 @@ over launch settings, and check the backward against autodiff of the chunk impl.
 
   CHUNKS=64,32 FWD="32:4:64:4,16:2:64:4" BWD="32:4:32:4" PYTHONPATH=. python3 benchmarks/scripts/probe_kernels.py 4,4096,16
 
-STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes. FWD: intra_chunk settings
+STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes (STATE_STAGES "auto": the
+library's `state_stages` rule, the default). FWD: intra_chunk settings
 key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
 stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
 key_block:num_warps:pair_key_block:pair_warps[:stages]; SUB_BLOCK the sub-block size.
@@ -38,7 +39,8 @@ settings = lambda name, default: [tuple(int(n) for n in x.split(":")) for x in o
 FWD, BWD = settings("FWD", "32:4:64:4"), settings("BWD", "32:4:32:4")
 SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
 STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
-STATE_STAGES = [int(x) for x in os.environ.get("STATE_STAGES", "3").split(",")]
+STATE_STAGES = [None if x == "auto" else int(x) for x in os.environ.get("STATE_STAGES", "auto").split(",")]
+stages_label = lambda st: "auto" if st is None else st
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
   chunk_sets = [(q, u, e, z, chunk_cumsum(g, C)) for q, u, e, z, g in sets]  # the kernels read G, not g
@@ -53,9 +55,10 @@ for C in CHUNKS:
   q, u, e, z, G = chunk_sets[0]
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
-      timed(f"C={C} state_pass bv={bv} stages={st}", lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
+      timed(f"C={C} state_pass bv={bv} stages={stages_label(st)}",
+            lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
             [(qd, ud, decay, y, w, aqk, h0)])
-      timed(f"C={C} state_pass bv={bv} stages={st} save_states",
+      timed(f"C={C} state_pass bv={bv} stages={stages_label(st)} save_states",
             lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, save_states=True, **kw),
             [(qd, ud, decay, y, w, aqk, h0)])
   o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
@@ -63,7 +66,7 @@ for C in CHUNKS:
   d_ht = jnp.zeros_like(ht)
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
-      timed(f"C={C} state_pass_bwd bv={bv} stages={st}",
+      timed(f"C={C} state_pass_bwd bv={bv} stages={stages_label(st)}",
             lambda *a, bv=bv, st=st: state_pass_bwd(*a, block_v=bv, num_stages=st, **kw),
             [(qd, ud, decay, y, aqk, d_o, d_ht)])
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)

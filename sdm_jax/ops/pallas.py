@@ -85,7 +85,8 @@ _delta_rule_pallas.defvjp(_fwd, _bwd)
 def delta_rule_pallas(q, u, e, z, g, scale, initial_state, chunk_size, io_dtype):
   """Same contract as `delta_rule_chunk`; q, u, e, z travel in `io_dtype`, g and the state in fp32."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
-    raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES}, got {chunk_size}")
+    raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
+                     f"shared memory than a GPU program has; impl='chunk' takes any power of two), got {chunk_size}")
   q, u, e, z = (x.astype(io_dtype) for x in (q, u, e, z))
   return _delta_rule_pallas(q, u, e, z, g.astype(jnp.float32), initial_state.astype(jnp.float32), scale,
                             chunk_size)
