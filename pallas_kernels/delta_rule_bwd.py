@@ -163,20 +163,21 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, daqk_ref, parts_ref, dg
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps",
                                              "pair_key_block", "pair_warps", "num_stages", "interpret"))
 def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
-                    sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None, num_stages=1,
-                    interpret=False):
+                    sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None,
+                    num_stages=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   G: `chunk_cumsum(g)`; A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the
   state entering and the gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from
   `state_pass_bwd`.
   Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
-  key block of pair_key_block channels (pair_warps); settings left None: `backward_settings`. num_stages:
-  Triton pipelining stages of the first launch's channel-block loops (1, untimed otherwise).
+  key block of pair_key_block channels (pair_warps); num_stages: Triton pipelining stages of the first launch's
+  channel-block loops. Settings left None: `backward_settings`.
   """
   default = backward_settings(chunk_size)
   key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
   pair_key_block, pair_warps = pair_key_block or default["pair_key_block"], pair_warps or default["pair_warps"]
+  num_stages = num_stages or default["num_stages"]
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size

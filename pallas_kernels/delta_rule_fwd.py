@@ -45,9 +45,12 @@ def forward_settings(chunk_size):
 
 
 def backward_settings(chunk_size):
-  """intra_chunk_bwd's key_block, num_warps, pair_key_block and pair_warps."""
+  """intra_chunk_bwd's key_block, num_warps, pair_key_block, pair_warps and num_stages (Triton pipelining of its
+  first launch's channel-block loops: 2 stages took that launch and pair_bwd together from 4.387 to 3.649 ms at
+  chunk 32 and from 3.771 to 3.586 at chunk 64, B 4, T 4096, H 16, bf16; 2026-11-30,
+  benchmarks/2026-11-30_h200_session9.md)."""
   warps = 2 if chunk_size <= 32 else 4
-  return dict(key_block=KEY_BLOCK, num_warps=warps, pair_key_block=KEY_BLOCK, pair_warps=warps)
+  return dict(key_block=KEY_BLOCK, num_warps=warps, pair_key_block=KEY_BLOCK, pair_warps=warps, num_stages=2)
 
 
 VALUE_BLOCK = 32

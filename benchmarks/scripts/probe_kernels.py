@@ -7,7 +7,7 @@ STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes (
 library's `state_stages` rule, the default). FWD: intra_chunk settings
 key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
 stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
-key_block:num_warps:pair_key_block:pair_warps[:stages]; SUB_BLOCK the sub-block size.
+key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block size.
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
 (`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
 forward+backward and broken down per kernel.
@@ -72,8 +72,9 @@ for C in CHUNKS:
   d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
   bwd_args = [(q, u, e, z, G, r, A, states, d_states, d_o, d_r)]
   for kb, nw, pkb, pw, *stages in BWD:
-    st = stages[0] if stages else 1
-    timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw} stages={st}",
+    st = stages[0] if stages else None
+    timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw} "
+          f"stages={stages_label(st)}",
           lambda *a, kb=kb, nw=nw, pkb=pkb, pw=pw, st=st: intra_chunk_bwd(
               *a, key_block=kb, num_warps=nw, pair_key_block=pkb, pair_warps=pw, num_stages=st, sub_block=SUB_BLOCK,
               scale=scale, **kw), bwd_args)
