@@ -56,7 +56,7 @@ for step in $steps; do
           --out_dir="$RES" --tag=h200_chunk_baseline_$m
       done ;;
     probe)  # each Pallas kernel alone, over key-block sizes, and the op's gradients against the chunk impl
-      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} FWD=${FWD:-32:4:64:4} BWD=${BWD:-32:4:32:4} SUB_BLOCK=${SUB_BLOCK:-8} STATE_BLOCKS=${STATE_BLOCKS:-32} STATE_STAGES=${STATE_STAGES:-auto} python3 benchmarks/scripts/probe_kernels.py ${PROBE_SHAPE:-4,4096,16} ;;
+      run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} FWD=${FWD:-32:4:64:4} BWD=${BWD:-32:4:32:4} STATE_BLOCKS=${STATE_BLOCKS:-32} STATE_STAGES=${STATE_STAGES:-auto} python3 benchmarks/scripts/probe_kernels.py ${PROBE_SHAPE:-4,4096,16} ;;
     ops)  # our op and fla's, kernel by kernel, in one process (probe_ops.py)
       run ${OPS_LIMIT:-300} env OPS_CHUNK=${OPS_CHUNK:-64} python3 benchmarks/scripts/probe_ops.py ${OPS_MIXERS:-gdn2,kda} ${OPS_SHAPE:-4x4096} ;;
     scan)  # every impl against scan on the GPU at a shorter T that is not a whole number of chunks (19 of 64)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 # io products of bf16 inputs: operands rounded to bf16, fp32 accumulation (the bf16 error budget is 1e-2).
 BF16_OPERANDS = "bf16 operands"
-SUB_BLOCK = 8  # rows of the blocks whose pairs are formed elementwise (the tree's dots cover larger blocks)
+SUB_BLOCK = 4  # rows of the blocks whose pairs are formed elementwise (the tree's dots cover larger blocks)
 
 
 class Dots(NamedTuple):

@@ -32,16 +32,16 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels import chunk_math as cm
 
 
-# Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 at chunk 64 and
-# 32 (2026-11-30, benchmarks/2026-11-30_h200_session7.md; chunk 16 takes chunk 32's, untimed):
-# key channels per step ([C, block] tiles stay in registers) and warps.
+# Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 (chunk 64: 2026-11-30,
+# benchmarks/2026-11-30_h200_session7.md; chunk 32 with 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md;
+# chunk 16 takes chunk 32's, untimed): key channels per step ([C, block] tiles stay in registers) and warps.
 KEY_BLOCK = 32
 SOLVE_BLOCK = 64
 
 
 def forward_settings(chunk_size):
   """gram_solve's key_block and num_warps."""
-  return dict(key_block=16, num_warps=2) if chunk_size <= 32 else dict(key_block=32, num_warps=4)
+  return dict(key_block=32, num_warps=2) if chunk_size <= 32 else dict(key_block=32, num_warps=4)
 
 
 def backward_settings(chunk_size):
@@ -137,11 +137,19 @@ def _state_pass_kernel(qd_ref, ud_ref, decay_ref, y_ref, w_ref, aqk_ref, h0_ref,
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
 
-def chunk_cumsum(g, chunk_size):
-  """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size). Every kernel reads G
-  rather than summing g itself, so all of them see the same rounding, and rows of G are plain loads."""
+def _chunk_cumsum_kernel(g_ref, G_ref):
+  G_ref[...] = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
+
+
+def chunk_cumsum(g, chunk_size, interpret=False):
+  """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program.
+  Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
+  plain loads. (XLA's cumsum of the same array took 0.160 ms at B 4, T 4096, H 16, K 128 on the H200.)"""
   B, T, H, K = g.shape
-  return jnp.cumsum(g.astype(jnp.float32).reshape(B, T // chunk_size, chunk_size, H, K), axis=2).reshape(B, T, H, K)
+  return pl.pallas_call(_chunk_cumsum_kernel, out_shape=jax.ShapeDtypeStruct(g.shape, jnp.float32),
+                        grid=(B, H, T // chunk_size), in_specs=[chunk_spec(chunk_size, K)],
+                        out_specs=chunk_spec(chunk_size, K), compiler_params=params(4), interpret=interpret,
+                        name="delta_rule_chunk_cumsum")(g)
 
 
 def params(num_warps, num_stages=1):
@@ -288,7 +296,7 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
-  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, chunk_cumsum(g, chunk_size), scale=scale, chunk_size=chunk_size,
-                                         interpret=interpret)
+  G = chunk_cumsum(g, chunk_size, interpret)
+  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, G, scale=scale, chunk_size=chunk_size, interpret=interpret)
   return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,
                     interpret=interpret)

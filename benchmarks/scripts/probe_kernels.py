@@ -7,7 +7,7 @@ STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes (
 library's `state_stages` rule, the default). FWD: intra_chunk settings
 key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
 stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
-key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block size.
+key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block size (default the library's).
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
 (`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
 forward+backward and broken down per kernel.
@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
 from sdm_jax.ops.chunk import delta_rule_chunk
@@ -37,13 +38,13 @@ h0 = jnp.zeros((B, H, K, V), jnp.float32)
 CHUNKS = [int(x) for x in os.environ.get("CHUNKS", "64").split(",")]
 settings = lambda name, default: [tuple(int(n) for n in x.split(":")) for x in os.environ.get(name, default).split(",")]
 FWD, BWD = settings("FWD", "32:4:64:4"), settings("BWD", "32:4:32:4")
-SUB_BLOCK = int(os.environ.get("SUB_BLOCK", "8"))
+SUB_BLOCK = int(os.environ.get("SUB_BLOCK", cm.SUB_BLOCK))
 STATE_BLOCKS = [int(x) for x in os.environ.get("STATE_BLOCKS", "32").split(",")]
 STATE_STAGES = [None if x == "auto" else int(x) for x in os.environ.get("STATE_STAGES", "auto").split(",")]
 stages_label = lambda st: "auto" if st is None else st
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
-  chunk_sets = [(q, u, e, z, chunk_cumsum(g, C)) for q, u, e, z, g in sets]  # the kernels read G, not g
+  chunk_sets = [(q, u, e, z, chunk_cumsum(g, C, interpret)) for q, u, e, z, g in sets]  # kernels read G, not g
   for kb, nw, sb, sw, *stages in FWD:
     st, sst = stages[0] if stages else 1, stages[1] if len(stages) > 1 else 1
     timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw} "

@@ -3,7 +3,8 @@ process at one shape, so each of our kernels can be set against the fla stage it
 
   OPS_CHUNK=32 PYTHONPATH=. python3 benchmarks/scripts/probe_ops.py gdn2,kda 4x4096
 
-OPS_CHUNK: our chunk size (default 64; fla runs at its own).
+OPS_CHUNK: our chunk size (default 64; fla runs at its own). OPS_HLO: a folder to write our forward's optimized
+HLO to (<mixer>_fwd.hlo), which names what each XLA fusion does.
 
 Inputs from `op_inputs.make_op_inputs` (H 16, K = V = 128, bf16, as bench_ops); forward, and forward +
 backward with cotangent r for o. Per kernel: device time of one warm run (CUPTI), same-named kernels summed.
@@ -32,6 +33,9 @@ for mixer in mixers:
   readout, _ = make_readouts(B, T, H, K, K, "bfloat16", 0, state=False)
   fwd = jax.jit(lambda a: fn(a, impl="pallas", chunk_size=chunk)[0])
   step = jax.jit(jax.grad(make_loss(fn, "pallas", chunk), has_aux=True))
+  if os.environ.get("OPS_HLO"):
+    with open(os.path.join(os.environ["OPS_HLO"], f"{mixer}_fwd.hlo"), "w") as f:
+      f.write(fwd.lower(args).compile().as_text())
   for run in range(2):  # the first run compiles
     breakdown(f"{mixer} {shape} ours fwd, chunk {chunk} (run {run})", fwd, (args,))
     breakdown(f"{mixer} {shape} ours fwd+bwd, chunk {chunk} (run {run})", step, (args, readout, None))

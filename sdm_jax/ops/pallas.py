@@ -49,7 +49,7 @@ def _forward(q, u, e, z, g, state, scale, chunk_size, save):
   q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
   z = _pad(z, Tp, Vp)
   kw = dict(chunk_size=chunk_size, interpret=_interpret())
-  G = chunk_cumsum(g, chunk_size)
+  G = chunk_cumsum(g, chunk_size, _interpret())
   y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, G, save_inverse=save, scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])

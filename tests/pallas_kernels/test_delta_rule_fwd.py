@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.delta_rule_fwd import delta_rule_fwd
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, delta_rule_fwd
 from sdm_jax.ops import l2norm
 from sdm_jax.ops.scan import delta_rule_scan
 
@@ -61,4 +61,11 @@ def test_lowers_for_cuda(dtype, chunk_size):
   fwd = jax.jit(lambda *a: delta_rule_fwd(*a, scale=0.1, chunk_size=chunk_size))
   with jax.sharding.use_abstract_mesh(mesh):
     text = fwd.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert text.count("__gpu$xla.gpu.triton") == 3  # gram_solve, solved, state_pass
+  assert text.count("__gpu$xla.gpu.triton") == 4  # chunk_cumsum, gram_solve, solved, state_pass
+
+
+def test_chunk_cumsum_restarts_every_chunk():
+  g = np.random.default_rng(0).uniform(-3.0, 0.0, size=(2, 48, 3, 16)).astype(np.float32)
+  G = np.asarray(chunk_cumsum(jnp.asarray(g), 16, interpret=True))
+  ref = np.cumsum(g.reshape(2, 3, 16, 3, 16).astype(np.float64), axis=2).reshape(g.shape)
+  np.testing.assert_allclose(G, ref, rtol=1e-6, atol=1e-5)
