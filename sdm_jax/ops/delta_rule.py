@@ -9,8 +9,9 @@ then calls `run_mixer`, which checks the inputs and dispatches to an implementat
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.mixer_inputs import l2norm, mixer_inputs, reference_inputs
 from sdm_jax.ops.chunk import delta_rule_chunk
-from sdm_jax.ops.pallas import delta_rule_pallas
+from sdm_jax.ops.pallas import delta_rule_pallas, interpret
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.validation import check_options, check_shape
 
@@ -18,12 +19,6 @@ KEY = ("B", "T", "H", "K")
 VALUE = ("B", "T", "H", "V")
 HEAD = ("B", "T", "H")
 STATE = ("B", "H", "K", "V")
-
-
-def l2norm(x, eps=1e-6):
-  """x / ||x|| over the last axis, computed in fp32 (or float64)."""
-  x = x.astype(jnp.promote_types(jnp.float32, x.dtype))
-  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64,
@@ -48,12 +43,13 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   V = z.shape[-1]
   if g.ndim == 3:
     g = jnp.broadcast_to(g[..., None], (B, T, H, K))
-  q, u, e, z, g = (x.astype(acc) for x in (q, u, e, z, g))
+  g = g.astype(acc)
   scale = K**-0.5 if scale is None else scale
   state = jnp.zeros((B, H, K, V), acc) if initial_state is None else initial_state.astype(acc)
-  if impl == "pallas":
+  if impl == "pallas":  # q, u, e, z go to the kernels in io_dtype
     o, final_state = delta_rule_pallas(q, u, e, z, g, scale, state, chunk_size, io_dtype)
     return o.astype(acc), final_state.astype(acc)
+  q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   if impl == "scan":
     return delta_rule_scan(q, u, e, z, g, scale, state)
   return delta_rule_chunk(q, u, e, z, g, scale, state, chunk_size)
@@ -61,9 +57,10 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
 
 def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state, use_qk_l2norm, impl,
               chunk_size):
-  """Checks a mixer's inputs, forms (u, e, z, g) = build(k, v, *gates) and runs the rule.
+  """Checks a mixer's inputs, forms (u, e, z) = build(k, v, *gates other than g) and runs the rule.
 
-  gates: ordered {name: (array, dimension names)}, the log decay g first.
+  gates: ordered {name: (array, dimension names)}, the log decay g first. impl="pallas" forms q, u, e, z in v's
+  dtype in one Pallas launch (`mixer_inputs`); the others by XLA in the accumulation dtype.
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   check_options(impl, chunk_size)
@@ -75,12 +72,12 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
     check_shape(name, x, names, dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
-  arrays = [x for x, _ in gates.values()]
-  acc = jnp.result_type(jnp.float32, q.dtype, k.dtype, v.dtype, *[x.dtype for x in arrays])
-  if use_qk_l2norm:
-    q, k = l2norm(q), l2norm(k)
-  q, k, z_in = (x.astype(acc) for x in (q, k, v))
-  u, e, z, g = build(k, z_in, *[x.astype(acc) for x in arrays])
+  g, *arrays = [x for x, _ in gates.values()]
+  if impl == "pallas":
+    q, u, e, z = mixer_inputs(build, use_qk_l2norm, v.dtype, q, k, v, *arrays, interpret=interpret())
+  else:
+    acc = jnp.result_type(jnp.float32, q.dtype, k.dtype, v.dtype, g.dtype, *[x.dtype for x in arrays])
+    q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)
   o, final_state = generalized_delta_rule(
       q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size,
       io_dtype=v.dtype)

@@ -1,7 +1,7 @@
 """The five dense mixers of SPEC.md section 1, each a few lines that build (u, e, z, g).
 
 Shared signature: q, k [B, T, H, K]; v [B, T, H, V]; g the natural-log decay (<= 0); gates in
-[0, 1]. Keyword options: scale (default K**-0.5), initial_state [B, H, K, V], output_final_state,
+[0, 1]. A mixer's build(k, v, *gates other than g) forms (u, e, z); g goes to the rule as it is. Keyword options: scale (default K**-0.5), initial_state [B, H, K, V], output_final_state,
 use_qk_l2norm, impl in {"scan", "chunk", "pallas"}, chunk_size (a power of two).
 Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] fp32, or None).
 """
@@ -43,8 +43,8 @@ def _options(fn):
 @_options
 def gated_delta_rule(q, k, v, g, beta):
   """Gated DeltaNet: S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.  g, beta: [B, T, H]."""
-  def build(k, v, g, beta):
-    return k, beta[..., None] * k, beta[..., None] * v, g
+  def build(k, v, beta):
+    return k, beta[..., None] * k, beta[..., None] * v
   return build, q, k, v, {"g": (g, HEAD), "beta": (beta, HEAD)}
 
 
@@ -54,8 +54,8 @@ def kda(q, k, v, g, beta):
 
   g: [B, T, H, K]; beta: [B, T, H].
   """
-  def build(k, v, g, beta):
-    return k, beta[..., None] * k, beta[..., None] * v, g
+  def build(k, v, beta):
+    return k, beta[..., None] * k, beta[..., None] * v
   return build, q, k, v, {"g": (g, KEY), "beta": (beta, HEAD)}
 
 
@@ -68,18 +68,18 @@ def fg2_gdn(q, k, v, g, beta):
   if k.shape[-1] != v.shape[-1]:
     raise ValueError(f"v: fg2_gdn requires K == V (beta scales both k and v), got K={k.shape[-1]}, "
                      f"V={v.shape[-1]}; use fg2_gdn_plus for K != V")
-  def build(k, v, g, beta):
+  def build(k, v, beta):
     root = _sqrt_gate(beta)
-    return root * k, root * k, root * v, g
+    return root * k, root * k, root * v
   return build, q, k, v, {"g": (g, KEY), "beta": (beta, KEY)}
 
 
 @_options
 def fg2_gdn_plus(q, k, v, g, beta_k, beta_v):
   """FG2-GDN+: k~ = sqrt(beta_k) k, v~ = sqrt(beta_v) v.  g, beta_k: [B, T, H, K]; beta_v: [B, T, H, V]."""
-  def build(k, v, g, beta_k, beta_v):
+  def build(k, v, beta_k, beta_v):
     root_k = _sqrt_gate(beta_k)
-    return root_k * k, root_k * k, _sqrt_gate(beta_v) * v, g
+    return root_k * k, root_k * k, _sqrt_gate(beta_v) * v
   return build, q, k, v, {"g": (g, KEY), "beta_k": (beta_k, KEY), "beta_v": (beta_v, VALUE)}
 
 
@@ -89,6 +89,6 @@ def gdn2(q, k, v, g, b, w):
 
   g, b (erase gate): [B, T, H, K]; w (write gate): [B, T, H, V].
   """
-  def build(k, v, g, b, w):
-    return k, b * k, w * v, g
+  def build(k, v, b, w):
+    return k, b * k, w * v
   return build, q, k, v, {"g": (g, KEY), "b": (b, KEY), "w": (w, VALUE)}

@@ -38,7 +38,7 @@ def _pad_state(s, K, V):
   return jnp.pad(s, ((0, 0), (0, 0), (0, K - s.shape[2]), (0, V - s.shape[3])))
 
 
-def _interpret():
+def interpret():
   return jax.default_backend() != "gpu"
 
 
@@ -48,8 +48,8 @@ def _forward(q, u, e, z, g, state, scale, chunk_size, save):
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
   q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
   z = _pad(z, Tp, Vp)
-  kw = dict(chunk_size=chunk_size, interpret=_interpret())
-  G = chunk_cumsum(g, chunk_size, _interpret())
+  kw = dict(chunk_size=chunk_size, interpret=interpret())
+  G = chunk_cumsum(g, chunk_size, interpret())
   y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, G, save_inverse=save, scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
@@ -70,7 +70,7 @@ def _bwd(scale, chunk_size, residuals, cotangents):
   (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), (B, T, H, K), V = residuals
   d_o, d_final = cotangents
   Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
-  kw = dict(chunk_size=chunk_size, interpret=_interpret())
+  kw = dict(chunk_size=chunk_size, interpret=interpret())
   d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o,
                                           _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
