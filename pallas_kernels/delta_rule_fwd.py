@@ -1,6 +1,7 @@
 """Pallas (Triton) forward kernels for the chunked generalized delta rule (SPEC.md section 2).
 
-Three launches:
+Four launches:
+  chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
               exponent <= 0).
@@ -8,7 +9,7 @@ Three launches:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
               R = U - Y S, o = q~ S + A_qk R, S <- exp(G_C) S + u~^T R.
-(`intra_chunk` is the first two.) Splitting the per-chunk work in two launches, A going through memory,
+(`intra_chunk` is gram_solve and solved.) Splitting the per-chunk work in two launches, A going through memory,
 was faster on the H200 than one launch doing both (2026-11-30, benchmarks/2026-11-30_h200_session7.md):
 each launch holds fewer registers.
 
@@ -141,14 +142,14 @@ def _chunk_cumsum_kernel(g_ref, G_ref):
   G_ref[...] = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
 
 
-def chunk_cumsum(g, chunk_size, interpret=False):
+def chunk_cumsum(g, chunk_size, interpret=False, num_warps=4):
   """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program.
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
   plain loads. (XLA's cumsum of the same array took 0.160 ms at B 4, T 4096, H 16, K 128 on the H200.)"""
   B, T, H, K = g.shape
   return pl.pallas_call(_chunk_cumsum_kernel, out_shape=jax.ShapeDtypeStruct(g.shape, jnp.float32),
                         grid=(B, H, T // chunk_size), in_specs=[chunk_spec(chunk_size, K)],
-                        out_specs=chunk_spec(chunk_size, K), compiler_params=params(4), interpret=interpret,
+                        out_specs=chunk_spec(chunk_size, K), compiler_params=params(num_warps), interpret=interpret,
                         name="delta_rule_chunk_cumsum")(g)
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-ROWS = 32  # tokens per program
+ROWS, WARPS = 32, 4  # tokens per program and its warps (untimed alternatives: benchmarks/scripts/probe_prep.py)
 EPS = 1e-6
 
 
@@ -58,10 +58,10 @@ def _block(x, rows):
   return pl.BlockSpec((pl.squeezed, rows, pl.squeezed, x.shape[-1]), lambda b, h, t: (b, t, h, 0))
 
 
-def _fused(build, use_qk_l2norm, io_dtype, interpret, q, k, v, *gates):
+def _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
   B, T, H, K = q.shape
   V = v.shape[-1]
-  rows = ROWS
+  rows, warps = launch
   Tp = -(-T // rows) * rows
   pad = lambda x: x if Tp == T else jnp.pad(x, [(0, 0), (0, Tp - T)] + [(0, 0)] * (x.ndim - 2))
   q, k, v, *gates = (pad(x) for x in (q, k, v, *gates))
@@ -72,21 +72,21 @@ def _fused(build, use_qk_l2norm, io_dtype, interpret, q, k, v, *gates):
       out_shape=out, grid=(B, H, Tp // rows),
       in_specs=[_block(x, rows) for x in (q, k, v, *gates)],
       out_specs=tuple(_block(x, rows) for x in out),
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
+      compiler_params=pltriton.CompilerParams(num_warps=warps, num_stages=1), interpret=interpret,
       name="mixer_inputs")(q, k, v, *gates)
   return tuple(x[:, :T] for x in outs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _mixer_inputs(build, use_qk_l2norm, io_dtype, interpret, q, k, v, *gates):
-  return _fused(build, use_qk_l2norm, io_dtype, interpret, q, k, v, *gates)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _mixer_inputs(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
+  return _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates)
 
 
-def _fwd(build, use_qk_l2norm, io_dtype, interpret, *inputs):
-  return _fused(build, use_qk_l2norm, io_dtype, interpret, *inputs), inputs
+def _fwd(build, use_qk_l2norm, io_dtype, interpret, launch, *inputs):
+  return _fused(build, use_qk_l2norm, io_dtype, interpret, launch, *inputs), inputs
 
 
-def _bwd(build, use_qk_l2norm, io_dtype, interpret, inputs, cotangents):
+def _bwd(build, use_qk_l2norm, io_dtype, interpret, launch, inputs, cotangents):
   _, vjp = jax.vjp(functools.partial(reference_inputs, build, use_qk_l2norm, io_dtype), *inputs)
   return vjp(cotangents)
 
@@ -99,12 +99,15 @@ def fits(q, v):
   return all(d >= 16 and d & (d - 1) == 0 for d in (q.shape[-1], v.shape[-1]))
 
 
-def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, interpret=False):
-  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch; differentiable.
+def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, rows=ROWS, num_warps=WARPS, interpret=False):
+  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of `rows` tokens per program
+  (a power of two); differentiable.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
   as `fits` says). Inputs the kernel does not take go to `reference_inputs`.
   """
+  if rows < 1 or rows & (rows - 1):
+    raise ValueError(f"rows: expected a power of two, got {rows}")
   if not fits(q, v):
     return reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates)
-  return _mixer_inputs(build, use_qk_l2norm, jnp.dtype(io_dtype), interpret, q, k, v, *gates)
+  return _mixer_inputs(build, use_qk_l2norm, jnp.dtype(io_dtype), interpret, (rows, num_warps), q, k, v, *gates)

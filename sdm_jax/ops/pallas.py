@@ -1,6 +1,6 @@
 """impl="pallas": the generalized rule on the Pallas kernels (interpret mode off the GPU).
 
-Forward: `pallas_kernels.delta_rule_fwd` (intra_chunk, then state_pass). Backward, in a custom_vjp:
+Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Backward, in a custom_vjp:
 `pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
 saved: the padded inputs (g as its chunk cumsum G, which every kernel reads), Y, A_qk, the chunk decays
 q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S.
