@@ -1,9 +1,9 @@
 """One Pallas launch that forms a mixer's inputs to the generalized rule (SPEC.md section 1) for impl="pallas".
 
-A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates) -> (u, e, z)`. Done by XLA, the l2norm of q and
-k, build and the casts to the io dtype were three or four fusions that read k twice (0.162 ms of the 4x4096
-GDN-2 forward on the H200, 2026-11-30, benchmarks/2026-11-30_h200_session9.md). Here one program per (batch,
-head, block of rows) reads each input once and writes q, u, e, z in the io dtype.
+A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates) -> (u, e, z)`. Done by XLA,
+the l2norm of q and k, build and the casts to the io dtype were three or four fusions that read k twice
+(0.162 ms of the 4x4096 GDN-2 forward on the H200, 2026-11-30, benchmarks/2026-11-30_h200_session9.md). Here
+one program per (batch, head, block of rows) reads each input once and writes q, u, e, z in the io dtype.
 
 The backward is XLA's: autodiff of `reference_inputs`, the same arithmetic on whole arrays (which is also how
 the other impls form their inputs). g is not read here; it goes to the rule as it is.
@@ -26,14 +26,14 @@ def l2norm(x, eps=EPS):
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def _accumulation(io_dtype, *arrays):
+def accumulation_dtype(io_dtype, *arrays):
   """fp32, or wider where an input or io_dtype is."""
   return jnp.result_type(jnp.float32, io_dtype, *[x.dtype for x in arrays])
 
 
 def reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates):
   """(q, u, e, z) in io_dtype, by XLA: l2norm of q and k (when asked) and build, in the accumulation dtype."""
-  acc = _accumulation(io_dtype, q, k, v, *gates)
+  acc = accumulation_dtype(io_dtype, q, k, v, *gates)
   if use_qk_l2norm:
     q, k = l2norm(q), l2norm(k)
   q, k, v = (x.astype(acc) for x in (q, k, v))
@@ -68,7 +68,7 @@ def _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
   out = (jax.ShapeDtypeStruct((B, Tp, H, K), io_dtype),) * 3 + (jax.ShapeDtypeStruct((B, Tp, H, V), io_dtype),)
   outs = pl.pallas_call(
       functools.partial(_kernel, build=build, use_qk_l2norm=use_qk_l2norm, num_gates=len(gates),
-                        acc=_accumulation(io_dtype, q, k, v, *gates)),
+                        acc=accumulation_dtype(io_dtype, q, k, v, *gates)),
       out_shape=out, grid=(B, H, Tp // rows),
       in_specs=[_block(x, rows) for x in (q, k, v, *gates)],
       out_specs=tuple(_block(x, rows) for x in out),

@@ -7,7 +7,8 @@ STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes (
 library's `state_stages` rule, the default). FWD: intra_chunk settings
 key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
 stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
-key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block size (default the library's).
+key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block
+size (default the library's).
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
 (`timing.median_ms`: device kernel time on the GPU). The op (default settings) is timed forward and
 forward+backward and broken down per kernel.

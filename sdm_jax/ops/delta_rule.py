@@ -9,7 +9,7 @@ then calls `run_mixer`, which checks the inputs and dispatches to an implementat
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.mixer_inputs import l2norm, mixer_inputs, reference_inputs
+from pallas_kernels.mixer_inputs import accumulation_dtype, l2norm, mixer_inputs, reference_inputs
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas, interpret
 from sdm_jax.ops.scan import delta_rule_scan
@@ -76,7 +76,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if impl == "pallas":
     q, u, e, z = mixer_inputs(build, use_qk_l2norm, v.dtype, q, k, v, *arrays, interpret=interpret())
   else:
-    acc = jnp.result_type(jnp.float32, q.dtype, k.dtype, v.dtype, g.dtype, *[x.dtype for x in arrays])
+    acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
     q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)
   o, final_state = generalized_delta_rule(
       q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size,

@@ -1,8 +1,9 @@
-"""The five dense mixers of SPEC.md section 1, each a few lines that build (u, e, z, g).
+"""The five dense mixers of SPEC.md section 1, each a few lines that build (u, e, z); g goes to the rule as it is.
 
 Shared signature: q, k [B, T, H, K]; v [B, T, H, V]; g the natural-log decay (<= 0); gates in
-[0, 1]. A mixer's build(k, v, *gates other than g) forms (u, e, z); g goes to the rule as it is. Keyword options: scale (default K**-0.5), initial_state [B, H, K, V], output_final_state,
-use_qk_l2norm, impl in {"scan", "chunk", "pallas"}, chunk_size (a power of two).
+[0, 1]; a mixer's build takes k, v and the gates other than g. Keyword options: scale (default K**-0.5),
+initial_state [B, H, K, V], output_final_state, use_qk_l2norm, impl in {"scan", "chunk", "pallas"}, chunk_size
+(a power of two).
 Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] fp32, or None).
 """
 

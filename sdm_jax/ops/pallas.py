@@ -1,7 +1,7 @@
 """impl="pallas": the generalized rule on the Pallas kernels (interpret mode off the GPU).
 
-Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Backward, in a custom_vjp:
-`pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
+Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Backward, in a
+custom_vjp: `pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
 saved: the padded inputs (g as its chunk cumsum G, which every kernel reads), Y, A_qk, the chunk decays
 q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S.
 """
@@ -49,7 +49,7 @@ def _forward(q, u, e, z, g, state, scale, chunk_size, save):
   q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
   z = _pad(z, Tp, Vp)
   kw = dict(chunk_size=chunk_size, interpret=interpret())
-  G = chunk_cumsum(g, chunk_size, interpret())
+  G = chunk_cumsum(g, **kw)
   y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, G, save_inverse=save, scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])

@@ -8,12 +8,7 @@ import pytest
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass, state_stages
 
-
-def _lower_for_h200(fn, *args):
-  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-  with jax.sharding.use_abstract_mesh(mesh):
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+from lowering import TRITON_CALL, lower_for_h200
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -37,7 +32,7 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
         spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32)), 2),
   ]
   for fn, args, launches in kernels:
-    assert _lower_for_h200(fn, *args).count("__gpu$xla.gpu.triton") == launches
+    assert lower_for_h200(fn, *args).count(TRITON_CALL) == launches
 
 
 H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)

@@ -8,6 +8,8 @@ import pytest
 from pallas_kernels.sparse_delta import sparse_delta_fwd
 from pallas_kernels.sparse_delta_bwd import sparse_delta_bwd
 
+from lowering import TRITON_CALL, lower_for_h200
+
 
 B, H, N, V, NUM_CHUNKS = 1, 2, 1024, 128, 2
 TABLE = jax.ShapeDtypeStruct((B, H, N, V), jnp.float32)
@@ -18,11 +20,7 @@ def _chunked(C, *shape, dtype=jnp.float32):
 
 
 def _lowers_for_cuda(kernel, args):
-  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-  with jax.sharding.use_abstract_mesh(mesh):
-    text = jax.jit(kernel).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  return text.count("__gpu$xla.gpu.triton") == 1
+  return lower_for_h200(kernel, *args).count(TRITON_CALL) == 1
 
 
 @pytest.mark.parametrize("W,C,save_rows", [(16, 16, True), (128, 16, True), (16, 32, True), (16, 16, False)])
