@@ -31,6 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels import chunk_math as cm
+from pallas_kernels.mixer_inputs import FORMED, row_norms
 
 
 # Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 (chunk 64: 2026-11-30,
@@ -38,6 +39,9 @@ from pallas_kernels import chunk_math as cm
 # chunk 16 takes chunk 32's, untimed): key channels per step ([C, block] tiles stay in registers) and warps.
 KEY_BLOCK = 32
 SOLVE_BLOCK = 64
+# solved's channel-block loops in 2 Triton stages: gram_solve and solved 0.592 -> 0.584 ms at chunk 32, B 4, T 4096,
+# H 16, bf16 (2026-11-30, benchmarks/2026-11-30_h200_session10.md).
+SOLVE_STAGES = 2
 
 
 def forward_settings(chunk_size):
@@ -62,19 +66,34 @@ def columns(ref, i, width):
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
 
 
-def _gram_solve_kernel(q_ref, u_ref, e_ref, G_ref, a_ref, aqk_ref, *, scale, key_block, sub_block, interpret):
+def gather_rows(x, at):
+  """x [C] at the index vector at [n], as a masked sum (registers cannot be indexed)."""
+  return jnp.sum(jnp.where(cm.iota((at.shape[0], x.shape[0]), 1) == at[:, None], x[None, :], 0.0), axis=1)
+
+
+def norms(form, q_ref, k_ref, width):
+  """(1 / ||q||, 1 / ||k||) per row when the form normalizes them, else (None, None)."""
+  return (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
+
+
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, interpret):
   """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end."""
+  *arrays, a_ref, aqk_ref = refs
   dots = cm.precisions(aqk_ref.dtype, interpret)
   C, K = q_ref.shape
   kb, sub = min(key_block, K), min(sub_block, C)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
+  q_scale = scale if q_norm is None else scale * q_norm[:, None]
 
   def gram_block(i, acc):
     keys = pl.ds(i * kb, kb)
-    rows = (lambda at: u_ref[at, keys].astype(jnp.float32), lambda at: G_ref[at, keys])
+    u_rows = lambda at: form.take(arrays, at, keys, (0,), None if k_norm is None else gather_rows(k_norm, at))[0]
+    rows = (u_rows, lambda at: G_ref[at, keys])
     G = G_ref[:, keys]
-    q, u, e = columns(q_ref, i, kb) * scale, columns(u_ref, i, kb), columns(e_ref, i, kb)
+    q = columns(q_ref, i, kb) * q_scale
+    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
     D_T, D_qk = cm.block_pairs([e, q], G, sub, rows)
     M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows)
     diag = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
@@ -86,29 +105,33 @@ def _gram_solve_kernel(q_ref, u_ref, e_ref, G_ref, a_ref, aqk_ref, *, scale, key
   aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(aqk_ref.dtype)
 
 
-def _solved_kernel(a_ref, q_ref, u_ref, e_ref, z_ref, G_ref, y_ref, w_ref, qd_ref, ud_ref, decay_ref, *, scale,
-                   key_block, value_block, interpret):
+def _solved_kernel(a_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
   key_block / value_block channels at a time."""
-  io = cm.precisions(z_ref.dtype, interpret).io
+  *arrays, y_ref, w_ref, qd_ref, ud_ref, decay_ref = refs
+  io = cm.precisions(w_ref.dtype, interpret).io
   C, K = q_ref.shape
-  V = z_ref.shape[-1]
+  V = w_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
   A = a_ref[...]
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
+  q_scale = scale if q_norm is None else scale * q_norm[:, None]
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
     G = G_ref[:, keys]
     decay = jnp.exp(G)
-    y_ref[:, keys] = cm.dot(A, columns(e_ref, i, kb) * decay, io).astype(y_ref.dtype)
+    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
+    y_ref[:, keys] = cm.dot(A, e * decay, io).astype(y_ref.dtype)
     G_last = G_ref[C - 1, keys]
-    qd_ref[:, keys] = (columns(q_ref, i, kb) * (scale * decay)).astype(qd_ref.dtype)
-    ud_ref[:, keys] = (columns(u_ref, i, kb) * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
+    qd_ref[:, keys] = (columns(q_ref, i, kb) * q_scale * decay).astype(qd_ref.dtype)
+    ud_ref[:, keys] = (u * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
     decay_ref[keys] = jnp.exp(G_last)
     return carry
 
   def u_block(j, carry):
-    w_ref[:, pl.ds(j * vb, vb)] = cm.dot(A, columns(z_ref, j, vb), io).astype(w_ref.dtype)
+    values = pl.ds(j * vb, vb)
+    w_ref[:, values] = cm.dot(A, form.take(arrays, slice(None), values, (2,))[0], io).astype(w_ref.dtype)
     return carry
 
   jax.lax.fori_loop(0, K // kb, y_block, 0)
@@ -157,8 +180,10 @@ def params(num_warps, num_stages=1):
   return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def chunk_spec(C, d):
-  """[B, T, H, d] arrays, one chunk per program of a (B, H, N) grid."""
+def chunk_spec(C, d=None):
+  """[B, T, H, d] arrays ([B, T, H] when d is None), one chunk per program of a (B, H, N) grid."""
+  if d is None:
+    return pl.BlockSpec((pl.squeezed, C, pl.squeezed), lambda b, h, n: (b, n, h))
   return pl.BlockSpec((pl.squeezed, C, pl.squeezed, d), lambda b, h, n: (b, n, h, 0))
 
 
@@ -167,42 +192,47 @@ def chunk_row_spec(K):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, pl.squeezed, K), lambda b, h, n: (b, n, h, 0))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "save_inverse", "key_block", "sub_block",
-                                             "num_warps", "solve_key_block", "solve_value_block", "solve_warps",
-                                             "num_stages", "solve_stages", "interpret"))
-def intra_chunk(q, u, e, z, G, *, scale, chunk_size, save_inverse=False, key_block=None, sub_block=cm.SUB_BLOCK,
-                num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK, solve_warps=4,
-                num_stages=1, solve_stages=1, interpret=False):
-  """G = `chunk_cumsum(g)`. Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C],
-  q~ = scale * q * exp(G), u~ = u * exp(G_C - G) [B, T, H, K] (all in z.dtype), exp(G_C) [B, N, H, K] fp32,
+@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "key_block",
+                                             "sub_block", "num_warps", "solve_key_block", "solve_value_block",
+                                             "solve_warps", "num_stages", "solve_stages", "interpret"))
+def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, key_block=None,
+                sub_block=cm.SUB_BLOCK, num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK,
+                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, interpret=False):
+  """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
+  Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C], q~ = scale * q * exp(G),
+  u~ = u * exp(G_C - G) [B, T, H, K] (all in io_dtype, by default that of arrays[1]), exp(G_C) [B, N, H, K] fp32,
   and with save_inverse A [B, T, H, C] fp32.
 
   Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
   A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
-  solve_stages: Triton pipelining stages of their channel-block loops (1, untimed otherwise)."""
+  solve_stages: Triton pipelining stages of their channel-block loops."""
   default = forward_settings(chunk_size)
   key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
+  io_dtype = jnp.dtype(io_dtype or arrays[1].dtype)
   B, T, H, K = q.shape
-  V = z.shape[-1]
+  V = arrays[1].shape[-1]
+  form.check(K, V)
   C = chunk_size
-  key = jax.ShapeDtypeStruct((B, T, H, K), z.dtype)
+  key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
+  specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
   A, aqk = pl.pallas_call(
-      functools.partial(_gram_solve_kernel, scale=scale, key_block=key_block,
-                        sub_block=sub_block, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), z.dtype)),
-      grid=grid, in_specs=[chunk_spec(C, K)] * 4, out_specs=(chunk_spec(C, C),) * 2,
-      compiler_params=params(num_warps, num_stages), interpret=interpret, name="delta_rule_gram_solve")(q, u, e, G)
-  y, w, qd, ud, decay = pl.pallas_call(
-      functools.partial(_solved_kernel, scale=scale, key_block=solve_key_block, value_block=solve_value_block,
+      functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=key_block, sub_block=sub_block,
                         interpret=interpret),
-      out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), z.dtype), key, key,
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
+      grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
+      compiler_params=params(num_warps, num_stages), interpret=interpret,
+      name="delta_rule_gram_solve")(q, G, *arrays)
+  y, w, qd, ud, decay = pl.pallas_call(
+      functools.partial(_solved_kernel, form=form, scale=scale, key_block=solve_key_block,
+                        value_block=solve_value_block, interpret=interpret),
+      out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
       grid=grid,
-      in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K)],
+      in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 2 + specs,
       out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
       compiler_params=params(solve_warps, solve_stages), interpret=interpret,
-      name="delta_rule_solved")(A, q, u, e, z, G)
+      name="delta_rule_solved")(A, q, G, *arrays)
   return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
 
 
@@ -298,6 +328,6 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
   G = chunk_cumsum(g, chunk_size, interpret)
-  y, w, aqk, qd, ud, decay = intra_chunk(q, u, e, z, G, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  y, w, aqk, qd, ud, decay = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, interpret=interpret)
   return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,
                     interpret=interpret)

@@ -1,20 +1,27 @@
-"""One Pallas launch that forms a mixer's inputs to the generalized rule (SPEC.md section 1) for impl="pallas".
+"""How impl="pallas" forms a mixer's inputs to the generalized rule (SPEC.md section 1).
 
-A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates) -> (u, e, z)`. Done by XLA,
-the l2norm of q and k, build and the casts to the io dtype were three or four fusions that read k twice
-(0.162 ms of the 4x4096 GDN-2 forward on the H200, 2026-11-30, benchmarks/2026-11-30_h200_session9.md). Here
-one program per (batch, head, block of rows) reads each input once and writes q, u, e, z in the io dtype.
+A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates) -> (u, e, z)`. Two ways:
 
-The backward is XLA's: autodiff of `reference_inputs`, the same arithmetic on whole arrays (which is also how
-the other impls form their inputs). g is not read here; it goes to the rule as it is.
+- `Form`: the forward kernels form u, e and z themselves, block by block, from the arrays they read (and
+  normalize q and k when asked). The forward without gradients uses it, so no launch writes q, u, e, z and
+  no kernel reads them back.
+- `mixer_inputs`: one Pallas launch per (batch, head, block of rows) reads each input once and writes q, u, e,
+  z in the io dtype, which the backward kernels read again. The forward for gradients uses it. Done by XLA,
+  the l2norm of q and k, build and the casts were three or four fusions that read k twice (0.162 ms of the
+  4x4096 GDN-2 forward on the H200, 2026-11-30, benchmarks/2026-11-30_h200_session9.md).
+
+The backward of both is XLA's: autodiff of `reference_inputs`, the same arithmetic on whole arrays (which is
+also how the other impls form their inputs). g is not read here; it goes to the rule as it is.
 """
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
+from jax.extend.core import Var
 
 ROWS, WARPS = 32, 4  # tokens per program and its warps (untimed alternatives: benchmarks/scripts/probe_prep.py)
 EPS = 1e-6
@@ -41,6 +48,86 @@ def reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates):
   return tuple(x.astype(io_dtype) for x in (q, u, e, z))
 
 
+class Form(NamedTuple):
+  """How a forward kernel forms u, e, z from the arrays it reads: k, v, then the gates other than g.
+
+  build(k, v, *gates) -> (u, e, z), elementwise per token and channel, giving zeros for zero k and v (padding
+  relies on it). kinds: per array "key" ([B, T, H, K]), "value" ([B, T, H, V]) or "head" ([B, T, H]). l2norm:
+  normalize q and k first. needs: per output of build, the indices of the arrays it reads (`form` finds them).
+  """
+  build: Callable
+  kinds: tuple
+  l2norm: bool
+  needs: tuple
+
+  def take(self, refs, rows, cols, outputs, k_norm=None):
+    """Outputs of build (0: u, 1: e, 2: z) as fp32 blocks, loading only the arrays they need.
+
+    rows: a slice, or an index vector (a gathered load); cols: a pl.ds over key channels for u and e, value
+    channels for z. k_norm: 1 / ||k|| of those rows when l2norm. Arrays not needed get zeros, whose
+    arithmetic the compiler drops."""
+    need = frozenset().union(*(self.needs[o] for o in outputs))
+    n = refs[0].shape[0] if isinstance(rows, slice) else rows.shape[0]
+    args = []
+    for i, (ref, kind) in enumerate(zip(refs, self.kinds)):
+      if i not in need:
+        args.append(jnp.zeros((n,) if kind == "head" else (n, cols.size), jnp.float32))
+      elif kind == "head":
+        args.append(ref[rows].astype(jnp.float32))
+      else:
+        args.append(ref[rows, cols].astype(jnp.float32))
+    if k_norm is not None and 0 in need:
+      args[0] = args[0] * k_norm[:, None]
+    out = self.build(*args)
+    return [out[o] for o in outputs]
+
+  def check(self, K, V):
+    """u and e are taken at key channels, z at value ones: with K != V each may read only its side's arrays
+    (and head ones)."""
+    for name, side, need in zip("uez", ("key", "key", "value"), self.needs):
+      if K != V and any(self.kinds[i] not in (side, "head") for i in need):
+        raise ValueError(f"build: with K={K} != V={V}, {name} may read only {side} and head arrays, but reads "
+                         f"{sorted(self.kinds[i] for i in need)}")
+
+
+KIND_SHAPES = {"key": (2, 8), "value": (2, 8), "head": (2,)}
+
+
+def form(build, kinds, l2norm):
+  """The `Form` of a build, with the arrays each output reads found from its jaxpr."""
+  kinds = tuple(kinds)
+  if kinds[:2] != ("key", "value") or any(k not in KIND_SHAPES for k in kinds):
+    raise ValueError(f"kinds: expected ('key', 'value', then 'key', 'value' or 'head' per gate), got {kinds}")
+  jaxpr = jax.make_jaxpr(build)(*[jax.ShapeDtypeStruct(KIND_SHAPES[k], jnp.float32) for k in kinds]).jaxpr
+  reads = {v: frozenset([i]) for i, v in enumerate(jaxpr.invars)}
+  for eqn in jaxpr.eqns:
+    used = frozenset().union(*(reads.get(v, frozenset()) for v in eqn.invars if isinstance(v, Var)))
+    reads.update((v, used) for v in eqn.outvars)
+  needs = tuple(reads.get(v, frozenset()) if isinstance(v, Var) else frozenset() for v in jaxpr.outvars)
+  if len(needs) != 3:
+    raise ValueError(f"build: expected it to return (u, e, z), got {len(needs)} outputs")
+  return Form(build, kinds, l2norm, needs)
+
+
+def _formed(u, z, e):
+  return u, e, z
+
+
+# Inputs already formed (generalized_delta_rule, and the forward for gradients): the kernels read u, z, e.
+FORMED = form(_formed, ("key", "value", "key"), False)
+
+
+def row_norms(ref, width):
+  """[rows] 1 / ||x|| of each row of a [rows, D] ref as `l2norm` takes it, width columns at a time."""
+  rows, D = ref.shape
+
+  def add(i, acc):
+    x = ref[:, pl.ds(i * width, width)].astype(jnp.float32)
+    return acc + jnp.sum(x * x, axis=1)
+
+  return jax.lax.rsqrt(jax.lax.fori_loop(0, D // width, add, jnp.zeros((rows,), jnp.float32)) + EPS)
+
+
 def _kernel(*refs, build, use_qk_l2norm, num_gates, acc):
   q_ref, k_ref, v_ref, gate_refs, out_refs = refs[0], refs[1], refs[2], refs[3:3 + num_gates], refs[3 + num_gates:]
   q, k, v = (r[...].astype(acc) for r in (q_ref, k_ref, v_ref))
@@ -58,10 +145,25 @@ def _block(x, rows):
   return pl.BlockSpec((pl.squeezed, rows, pl.squeezed, x.shape[-1]), lambda b, h, t: (b, t, h, 0))
 
 
-def _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
+def fits(q, v):
+  """Whether the kernel takes these head dims: K and V powers of two >= 16 (Triton blocks)."""
+  return all(d >= 16 and d & (d - 1) == 0 for d in (q.shape[-1], v.shape[-1]))
+
+
+def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, rows=ROWS, num_warps=WARPS, interpret=False):
+  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of `rows` tokens per program
+  (a power of two). Not differentiable itself: impl="pallas" differentiates `reference_inputs` instead.
+
+  q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
+  as `fits` says). Inputs the kernel does not take go to `reference_inputs`.
+  """
+  if rows < 1 or rows & (rows - 1):
+    raise ValueError(f"rows: expected a power of two, got {rows}")
+  io_dtype = jnp.dtype(io_dtype)
+  if not fits(q, v):
+    return reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates)
   B, T, H, K = q.shape
   V = v.shape[-1]
-  rows, warps = launch
   Tp = -(-T // rows) * rows
   pad = lambda x: x if Tp == T else jnp.pad(x, [(0, 0), (0, Tp - T)] + [(0, 0)] * (x.ndim - 2))
   q, k, v, *gates = (pad(x) for x in (q, k, v, *gates))
@@ -72,42 +174,6 @@ def _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
       out_shape=out, grid=(B, H, Tp // rows),
       in_specs=[_block(x, rows) for x in (q, k, v, *gates)],
       out_specs=tuple(_block(x, rows) for x in out),
-      compiler_params=pltriton.CompilerParams(num_warps=warps, num_stages=1), interpret=interpret,
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret,
       name="mixer_inputs")(q, k, v, *gates)
   return tuple(x[:, :T] for x in outs)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _mixer_inputs(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates):
-  return _fused(build, use_qk_l2norm, io_dtype, interpret, launch, q, k, v, *gates)
-
-
-def _fwd(build, use_qk_l2norm, io_dtype, interpret, launch, *inputs):
-  return _fused(build, use_qk_l2norm, io_dtype, interpret, launch, *inputs), inputs
-
-
-def _bwd(build, use_qk_l2norm, io_dtype, interpret, launch, inputs, cotangents):
-  _, vjp = jax.vjp(functools.partial(reference_inputs, build, use_qk_l2norm, io_dtype), *inputs)
-  return vjp(cotangents)
-
-
-_mixer_inputs.defvjp(_fwd, _bwd)
-
-
-def fits(q, v):
-  """Whether the kernel takes these head dims: K and V powers of two >= 16 (Triton blocks)."""
-  return all(d >= 16 and d & (d - 1) == 0 for d in (q.shape[-1], v.shape[-1]))
-
-
-def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, rows=ROWS, num_warps=WARPS, interpret=False):
-  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of `rows` tokens per program
-  (a power of two); differentiable.
-
-  q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
-  as `fits` says). Inputs the kernel does not take go to `reference_inputs`.
-  """
-  if rows < 1 or rows & (rows - 1):
-    raise ValueError(f"rows: expected a power of two, got {rows}")
-  if not fits(q, v):
-    return reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates)
-  return _mixer_inputs(build, use_qk_l2norm, jnp.dtype(io_dtype), interpret, (rows, num_warps), q, k, v, *gates)

@@ -11,6 +11,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.mixer_inputs import FORMED
 from sdm_jax.ops.pallas import delta_rule_pallas
 
 from probe_common import gdn2_inputs
@@ -18,7 +19,8 @@ from probe_common import gdn2_inputs
 C = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 args = gdn2_inputs(4, 4096, 16, 128, 128, 0, jnp.bfloat16)
 h0 = jnp.zeros((4, 16, 128, 128), jnp.float32)
-loss = lambda *a: jnp.sum(delta_rule_pallas(*a, 128**-0.5, h0, C, jnp.bfloat16)[0].astype(jnp.float32))
+loss = lambda q, u, e, z, g: jnp.sum(delta_rule_pallas(FORMED, q, u, z, (e,), g, 128**-0.5, h0, C,
+                                                      jnp.bfloat16)[0].astype(jnp.float32))
 step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).compile()
 jax.block_until_ready(step(*args))
 print("done", flush=True)

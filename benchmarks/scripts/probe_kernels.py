@@ -6,7 +6,7 @@ over launch settings, and check the backward against autodiff of the chunk impl.
 STATE_BLOCKS / STATE_STAGES: block_v and Triton num_stages of the state passes (STATE_STAGES "auto": the
 library's `state_stages` rule, the default). FWD: intra_chunk settings
 key_block:num_warps:solve_block:solve_warps[:stages[:solve_stages]] (solve_block: its key and value block;
-stages: Triton num_stages of gram_solve and solved, default 1); BWD: intra_chunk_bwd settings
+stages: Triton num_stages of gram_solve and solved, default 1 and the library's); BWD: intra_chunk_bwd settings
 key_block:num_warps:pair_key_block:pair_warps[:stages] (stages default: the library's); SUB_BLOCK the sub-block
 size (default the library's).
 GDN-2 inputs (K = V = 128), bf16 q, u, e, z and fp32 g. Median of 10 warm runs over 3 rotated input sets
@@ -26,7 +26,8 @@ import numpy as np
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import SOLVE_STAGES, chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.mixer_inputs import FORMED
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 
@@ -45,16 +46,17 @@ STATE_STAGES = [None if x == "auto" else int(x) for x in os.environ.get("STATE_S
 stages_label = lambda st: "auto" if st is None else st
 for C in CHUNKS:
   kw = dict(chunk_size=C, interpret=interpret)
-  chunk_sets = [(q, u, e, z, chunk_cumsum(g, C, interpret)) for q, u, e, z, g in sets]  # kernels read G, not g
+  # intra_chunk's arguments: q, the formed (u, z, e) and G (kernels read G, not g)
+  chunk_sets = [(q, (u, z, e), chunk_cumsum(g, C, interpret)) for q, u, e, z, g in sets]
   for kb, nw, sb, sw, *stages in FWD:
-    st, sst = stages[0] if stages else 1, stages[1] if len(stages) > 1 else 1
+    st, sst = stages[0] if stages else 1, stages[1] if len(stages) > 1 else SOLVE_STAGES
     timed(f"C={C} intra_chunk save_inverse key_block={kb} warps={nw} solve_block={sb} solve_warps={sw} "
           f"stages={st}:{sst}",
           lambda *a, kb=kb, nw=nw, sb=sb, sw=sw, st=st, sst=sst: intra_chunk(
               *a, save_inverse=True, key_block=kb, num_warps=nw, solve_key_block=sb, solve_value_block=sb,
               solve_warps=sw, num_stages=st, solve_stages=sst, sub_block=SUB_BLOCK, scale=scale, **kw), chunk_sets)
   y, w, aqk, qd, ud, decay, A = intra_chunk(*chunk_sets[0], save_inverse=True, scale=scale, **kw)
-  q, u, e, z, G = chunk_sets[0]
+  q, (u, z, e), G = chunk_sets[0]
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
       timed(f"C={C} state_pass bv={bv} stages={stages_label(st)}",
@@ -83,7 +85,7 @@ for C in CHUNKS:
 
 # The whole op (generalized rule, already-formed u, e, z, default settings): forward, and forward + backward.
 for chunk in CHUNKS:
-  op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(q, u, e, z, g, scale, h0, chunk, dtype)
+  op = lambda q, u, e, z, g, chunk=chunk: delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, h0, chunk, dtype)
   fwd = timed(f"pallas op fwd, chunk {chunk}", lambda *a: op(*a)[0], sets)
   loss = lambda *a, op=op: jnp.sum(op(*a)[0].astype(jnp.float32) * d_o.astype(jnp.float32))
   step = timed(f"pallas op fwd+bwd, chunk {chunk}", jax.grad(loss, argnums=(0, 1, 2, 3, 4)), sets)

@@ -9,9 +9,9 @@ then calls `run_mixer`, which checks the inputs and dispatches to an implementat
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.mixer_inputs import accumulation_dtype, l2norm, mixer_inputs, reference_inputs
+from pallas_kernels.mixer_inputs import FORMED, accumulation_dtype, form, l2norm, reference_inputs
 from sdm_jax.ops.chunk import delta_rule_chunk
-from sdm_jax.ops.pallas import delta_rule_pallas, interpret
+from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.validation import check_options, check_shape
 
@@ -19,6 +19,17 @@ KEY = ("B", "T", "H", "K")
 VALUE = ("B", "T", "H", "V")
 HEAD = ("B", "T", "H")
 STATE = ("B", "H", "K", "V")
+KINDS = {KEY: "key", VALUE: "value", HEAD: "head"}
+
+
+def _rule_options(q, z, g, scale, initial_state, acc):
+  """(g [B, T, H, K], scale, initial state) in the accumulation dtype, defaults filled in."""
+  B, T, H, K = q.shape
+  if g.ndim == 3:
+    g = jnp.broadcast_to(g[..., None], (B, T, H, K))
+  scale = K**-0.5 if scale is None else scale
+  state = jnp.zeros((B, H, K, z.shape[-1]), acc) if initial_state is None else initial_state
+  return g.astype(acc), scale, state.astype(acc)
 
 
 def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64,
@@ -39,15 +50,9 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
     check_shape("initial_state", initial_state, STATE, dims)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   io_dtype = z.dtype if io_dtype is None else io_dtype
-  B, T, H, K = q.shape
-  V = z.shape[-1]
-  if g.ndim == 3:
-    g = jnp.broadcast_to(g[..., None], (B, T, H, K))
-  g = g.astype(acc)
-  scale = K**-0.5 if scale is None else scale
-  state = jnp.zeros((B, H, K, V), acc) if initial_state is None else initial_state.astype(acc)
-  if impl == "pallas":  # q, u, e, z go to the kernels in io_dtype
-    o, final_state = delta_rule_pallas(q, u, e, z, g, scale, state, chunk_size, io_dtype)
+  g, scale, state = _rule_options(q, z, g, scale, initial_state, acc)
+  if impl == "pallas":
+    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype)
     return o.astype(acc), final_state.astype(acc)
   q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   if impl == "scan":
@@ -59,8 +64,9 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
               chunk_size):
   """Checks a mixer's inputs, forms (u, e, z) = build(k, v, *gates other than g) and runs the rule.
 
-  gates: ordered {name: (array, dimension names)}, the log decay g first. impl="pallas" forms q, u, e, z in v's
-  dtype in one Pallas launch (`mixer_inputs`); the others by XLA in the accumulation dtype.
+  gates: ordered {name: (array, dimension names)}, the log decay g first. impl="pallas" hands build to its
+  kernels (`pallas.delta_rule_pallas`, io in v's dtype); the others form q, u, e, z by XLA in the accumulation
+  dtype.
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   check_options(impl, chunk_size)
@@ -74,11 +80,14 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
     check_shape("initial_state", initial_state, STATE, dims)
   g, *arrays = [x for x, _ in gates.values()]
   if impl == "pallas":
-    q, u, e, z = mixer_inputs(build, use_qk_l2norm, v.dtype, q, k, v, *arrays, interpret=interpret())
-  else:
-    acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
-    q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)
-  o, final_state = generalized_delta_rule(
-      q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl, chunk_size=chunk_size,
-      io_dtype=v.dtype)
+    kinds = ("key", "value") + tuple(KINDS[names] for _, names in list(gates.values())[1:])
+    acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
+    g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
+    o, final_state = delta_rule_pallas(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
+                                       chunk_size, v.dtype)
+    return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
+  acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
+  q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)
+  o, final_state = generalized_delta_rule(q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl,
+                                          chunk_size=chunk_size)
   return o.astype(v.dtype), final_state if output_final_state else None

@@ -1,9 +1,11 @@
 """impl="pallas": the generalized rule on the Pallas kernels (interpret mode off the GPU).
 
-Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Backward, in a
-custom_vjp: `pallas_kernels.delta_rule_bwd` (state_pass_bwd, then intra_chunk_bwd) on residuals the forward
-saved: the padded inputs (g as its chunk cumsum G, which every kernel reads), Y, A_qk, the chunk decays
-q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S.
+Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Without gradients the
+kernels form u, e, z from the mixer's k, v and gates (`mixer_inputs.Form`). For gradients, a custom_vjp: the
+forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.delta_rule_bwd` (state_pass_bwd,
+then intra_chunk_bwd) the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads), Y, A_qk, the
+chunk decays q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S; the
+gradients then go through the forming of q, u, e, z by autodiff of `mixer_inputs.reference_inputs`.
 """
 
 import functools
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.mixer_inputs import FORMED, mixer_inputs, reference_inputs
 
 # Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
 # (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
@@ -30,7 +33,9 @@ def _padding(T, K, V, chunk_size):
   return -(-T // chunk_size) * chunk_size, next_pow2(K), next_pow2(V)
 
 
-def _pad(x, T, d):
+def _pad(x, T, d=None):
+  if d is None:  # [B, T, H]
+    return jnp.pad(x, ((0, 0), (0, T - x.shape[1]), (0, 0)))
   return jnp.pad(x, ((0, 0), (0, T - x.shape[1]), (0, 0), (0, d - x.shape[-1])))
 
 
@@ -42,32 +47,52 @@ def interpret():
   return jax.default_backend() != "gpu"
 
 
-def _forward(q, u, e, z, g, state, scale, chunk_size, save):
+def _forward(form, io_dtype, q, arrays, g, state, scale, chunk_size, save):
+  """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's residuals (then
+  the arrays must be the formed (u, z, e))."""
   B, T, H, K = q.shape
-  V = z.shape[-1]
+  V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
-  q, u, e, g = (_pad(x, Tp, Kp) for x in (q, u, e, g))
-  z = _pad(z, Tp, Vp)
+  width = {"key": Kp, "value": Vp, "head": None}
+  q, g = _pad(q, Tp, Kp), _pad(g, Tp, Kp)
+  arrays = tuple(_pad(x, Tp, width[kind]) for x, kind in zip(arrays, form.kinds))
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, **kw)
-  y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, u, e, z, G, save_inverse=save, scale=scale, **kw)
+  y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save,
+                                                   scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
-  return out, ((q, u, e, z, G, y, aqk, qd, ud, decay, inverse[0], *saved) if save else None)
+  if not save:
+    return out, None
+  u, z, e = arrays
+  return out, (q, u, e, z, G, y, aqk, qd, ud, decay, inverse[0], *saved)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _delta_rule_pallas(q, u, e, z, g, state, scale, chunk_size):
-  return _forward(q, u, e, z, g, state, scale, chunk_size, save=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _delta_rule_pallas(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state):
+  # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come.
+  return _forward(form, io_dtype, q, (k, v, *gates), g, state, scale, chunk_size, save=False)[0]
 
 
-def _fwd(q, u, e, z, g, state, scale, chunk_size):
-  out, saved = _forward(q, u, e, z, g, state, scale, chunk_size, save=True)
-  return out, (saved, q.shape, z.shape[-1])
+def _formed(form, io_dtype, q, k, v, gates):
+  """(q, u, e, z) in io_dtype, written by one launch (or cast, when they come formed)."""
+  if form is FORMED:
+    return tuple(x.astype(io_dtype) for x in (q, k, gates[0], v))
+  return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _bwd(scale, chunk_size, residuals, cotangents):
-  (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), (B, T, H, K), V = residuals
+def _fwd(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state):
+  q_, u, e, z = _formed(form, io_dtype, q, k, v, gates)
+  out, saved = _forward(FORMED, io_dtype, q_, (u, z, e), g, state, scale, chunk_size, save=True)
+  return out, (saved, (q, k, v, gates), q.shape, v.shape[-1])
+
+
+def _reference(form, io_dtype, q, k, v, gates):
+  return reference_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates)
+
+
+def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
+  (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), inputs, (B, T, H, K), V = residuals
   d_o, d_final = cotangents
   Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
   kw = dict(chunk_size=chunk_size, interpret=interpret())
@@ -76,17 +101,22 @@ def _bwd(scale, chunk_size, residuals, cotangents):
                                           _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
   dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, G, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
   key = lambda x: x[:, :T, :, :K]
-  return key(dq), key(du), key(de), dz[:, :T, :, :V], key(dg), d_state[:, :, :K, :V]
+  # Through the forming of q, u, e, z: autodiff of the XLA reference.
+  _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *inputs)
+  d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
+  return (*d_inputs, key(dg), d_state[:, :, :K, :V])
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
-def delta_rule_pallas(q, u, e, z, g, scale, initial_state, chunk_size, io_dtype):
-  """Same contract as `delta_rule_chunk`; q, u, e, z travel in `io_dtype`, g and the state in fp32."""
+def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype):
+  """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
+  g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
+  writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
+  g and the state travel in fp32. Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
                      f"shared memory than a GPU program has; impl='chunk' takes any power of two), got {chunk_size}")
-  q, u, e, z = (x.astype(io_dtype) for x in (q, u, e, z))
-  return _delta_rule_pallas(q, u, e, z, g.astype(jnp.float32), initial_state.astype(jnp.float32), scale,
-                            chunk_size)
+  return _delta_rule_pallas(form, jnp.dtype(io_dtype), scale, chunk_size, q, k, v, tuple(gates),
+                            g.astype(jnp.float32), initial_state.astype(jnp.float32))

@@ -1,5 +1,6 @@
 """impl="chunk" and impl="pallas" (interpret mode on CPU) in fp32 against the float64 scan: outputs,
-final state and every gradient (SPEC section 6).
+final state and every gradient (SPEC section 6); for pallas also the forward without gradients, whose kernels
+form u, e, z from the mixer's inputs themselves.
 
 Each axis of the SPEC sweep (T, decay strength, gate extremes, initial state, chunk size, where the
 keys are normalised) is covered by a few cases per mixer rather than by the full product.
@@ -80,6 +81,7 @@ def _check_config(mixer, config, impl):
   """Every variant of a config runs on one compilation; all failing variants are reported together."""
   tol_out, tol_grad = FP32_TOL[impl]
   failures = []
+  forward = _forward(mixer, impl=impl, chunk_size=config.chunk, use_qk_l2norm=config.l2norm)  # one compile
   for decay, gates in config.variants:
     seed = seed_of(mixer, str(config), decay, gates)
     inputs = _inputs(mixer, config.T, decay, gates, config.h0, config.l2norm, seed)
@@ -90,6 +92,11 @@ def _check_config(mixer, config, impl):
     reference = results(*outputs_and_grads(mixer, cast(inputs, jnp.float64), r_o.astype(jnp.float64),
                                            r_s.astype(jnp.float64), impl="scan", use_qk_l2norm=config.l2norm))
     outputs = ("o", "final_state")
+    if impl == "pallas":  # without gradients the kernels form u, e, z themselves: a path of its own
+      o, final_state = forward(inputs)
+      actual.update({"o (no grad)": o, "final_state (no grad)": final_state})
+      outputs += ("o (no grad)", "final_state (no grad)")
+      reference.update({"o (no grad)": reference["o"], "final_state (no grad)": reference["final_state"]})
     for names, tol in ((outputs, tol_out), ([n for n in reference if n not in outputs], tol_grad)):
       failed, report = error_report({n: actual[n] for n in names}, {n: reference[n] for n in names}, tol)
       if failed:

@@ -1,12 +1,15 @@
-"""The fused mixer-input kernel: interpret-mode outputs and gradients against the XLA reference for every mixer's
-build, and a 'cuda' lowering check for an abstract NVIDIA H200."""
+"""Forming a mixer's inputs for impl="pallas": the fused mixer_inputs launch against the XLA reference, and the
+forward kernels forming u, e, z themselves (`Form`) against the same kernels on mixer_inputs' output, for every
+mixer's build, in interpret mode; 'cuda' lowering checks for an abstract NVIDIA H200. (The gradients through
+the forming are checked in tests/ops, through impl="pallas".)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.mixer_inputs import mixer_inputs, reference_inputs
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk
+from pallas_kernels.mixer_inputs import FORMED, form, mixer_inputs, reference_inputs
 from sdm_jax.ops import fg2_gdn, fg2_gdn_plus, gated_delta_rule, gdn2, kda
 
 from lowering import TRITON_CALL, lower_for_h200
@@ -14,6 +17,11 @@ from lowering import TRITON_CALL, lower_for_h200
 MIXERS = {"gdn": gated_delta_rule, "kda": kda, "fg2_gdn": fg2_gdn, "fg2_gdn_plus": fg2_gdn_plus, "gdn2": gdn2}
 GATES = {  # dimensions of each gate after g: h head, k key, v value
     "gdn": "h", "kda": "h", "fg2_gdn": "k", "fg2_gdn_plus": "kv", "gdn2": "kv"}
+KINDS = {"h": "head", "k": "key", "v": "value"}
+
+
+def _form(mixer, build, l2norm):
+  return form(build, ("key", "value") + tuple(KINDS[d] for d in GATES[mixer]), l2norm)
 
 
 def _build(mixer, B, T, H, K, V, dtype, seed=0):
@@ -45,17 +53,32 @@ def test_matches_reference(mixer, dtype):
         np.testing.assert_allclose(a, b, rtol=2.0**-7, atol=1e-6)
         assert np.mean(a != b) < 0.01
 
-  def loss(fn, *args):
-    return sum(jnp.sum(x.astype(jnp.float32) * w) for x, w in zip(fn(*args), (1.0, -2.0, 0.5, 3.0)))
 
-  args = (q, k, v, *gates)
-  argnums = tuple(range(len(args)))
-  ours = jax.grad(lambda *a: loss(lambda *b: mixer_inputs(build, True, dtype, *b, interpret=True), *a),
-                  argnums)(*args)
-  ref = jax.grad(lambda *a: loss(lambda *b: reference_inputs(build, True, dtype, *b), *a), argnums)(*args)
-  for a, b in zip(ours, ref):
-    assert np.all(np.isfinite(np.asarray(a, np.float64)))
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-6, atol=1e-7)
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_kernels_form_what_mixer_inputs_writes(mixer):
+  """intra_chunk forming u, e, z (and the l2norm) from q, k, v and the gates gives what it gives on the q, u, e, z
+  that mixer_inputs writes, fp32."""
+  B, T, H, K, V, C = 1, 64, 2, 32, 32, 32
+  build, q, k, v, gates = _build(mixer, B, T, H, K, V, jnp.float32)
+  G = chunk_cumsum(-jnp.asarray(np.random.default_rng(1).uniform(0, 1, (B, T, H, K)), jnp.float32), C, True)
+  kw = dict(scale=K**-0.5, chunk_size=C, save_inverse=True, interpret=True)
+  ours = intra_chunk(q, (k, v, *gates), G, form=_form(mixer, build, True), **kw)
+  q_, u, e, z = mixer_inputs(build, True, jnp.float32, q, k, v, *gates, interpret=True)
+  ref = intra_chunk(q_, (u, z, e), G, form=FORMED, **kw)
+  for name, a, b in zip(("Y", "U", "A_qk", "q~", "u~", "exp(G_C)", "A"), ours, ref):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_form_finds_what_each_output_reads_and_rejects_crossing_sides():
+  def build(k, v, b, w):
+    return k, b * k, w * v
+  assert form(build, ("key", "value", "key", "value"), True).needs == ({0}, {0, 2}, {1, 3})
+  shared = form(lambda k, v, beta: (beta * k, beta * k, beta * v), ("key", "value", "key"), False)
+  shared.check(32, 32)  # FG2-GDN's one gate scales k and v: fine when K == V
+  with pytest.raises(ValueError, match="z may read only value"):
+    shared.check(32, 64)
+  with pytest.raises(ValueError, match="kinds"):
+    form(build, ("value", "key", "key", "value"), False)
 
 
 def test_head_dims_it_does_not_take_go_to_the_reference():
@@ -73,3 +96,8 @@ def test_lowers_for_cuda(mixer):
   args = [spec(shape["k"])] * 2 + [spec(shape["v"])] + [spec(shape[d]) for d in GATES[mixer]]
   text = lower_for_h200(lambda *a: mixer_inputs(build, True, jnp.bfloat16, *a), *args)
   assert text.count(TRITON_CALL) == 1 and "mixer_inputs" in text
+  f = _form(mixer, build, True)
+  G = jax.ShapeDtypeStruct(shape["k"], jnp.float32)
+  text = lower_for_h200(lambda q, k, v, G, *gates: intra_chunk(q, (k, v, *gates), G, form=f, scale=0.1,
+                                                               chunk_size=32), *args[:3], G, *args[3:])
+  assert text.count(TRITON_CALL) == 2  # gram_solve and solved, forming u, e, z from k, v and the gates
