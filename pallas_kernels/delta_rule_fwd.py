@@ -17,7 +17,10 @@ The decays are formed once per chunk in `solved` rather than in every value tile
 passes: those loops then read no g and take no exp. q~ and u~ travel in the io dtype, which is the
 rounding the state passes' dots gave them anyway.
 
-Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e: [B, T, H, K]; z: [B, T, H, V];
+`intra_chunk` reads u, e and z as a `mixer_inputs.Form` says: formed arrays (`FORMED`: u, z, e), or a mixer's
+k, v and gates, from which each block forms them in registers (and normalizes q and k) as it loads them.
+
+Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e, k: [B, T, H, K]; z, v: [B, T, H, V];
 g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V]
 fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
 state_pass the state entering every chunk [B, H, N, K, V] fp32.

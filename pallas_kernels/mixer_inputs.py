@@ -23,7 +23,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jax.extend.core import Var
 
-ROWS, WARPS = 32, 4  # tokens per program and its warps (untimed alternatives: benchmarks/scripts/probe_prep.py)
+# Tokens per program and its warps. On the H200 (GDN-2 inputs, 4x4096, H 16, bf16) 16 to 64 rows at 4 or 8 warps
+# all took 0.146-0.150 ms against a byte floor of 0.126 and XLA's 0.161 (2026-11-30, session 10 call 1,
+# benchmarks/2026-11-30_h200_session10.md; benchmarks/scripts/probe_prep.py).
+ROWS, WARPS = 32, 4
 EPS = 1e-6
 
 

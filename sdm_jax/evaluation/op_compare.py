@@ -2,7 +2,8 @@
 
 The first impl is the reference. Each impl is jitted twice: the forward alone, and
 jax.value_and_grad of loss = sum(o * r_o) + sum(S_T * r_s) over all inputs at once, whose
-auxiliary output gives o and S_T, so the compared numbers are those of a training step.
+auxiliary output gives o and S_T, so the compared numbers are those of a training step. The forward alone's o
+and S_T are compared too ("o (forward alone)"): impl="pallas" takes another path without gradients.
 """
 
 import jax
@@ -24,6 +25,7 @@ def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
   step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True),
                                        args, *readouts)
   (_, (o, final_state)), grads = step(args, *readouts)
+  o_alone, final_state_alone = fwd(args)
   log(f"timing {impl} ({reps} warm runs each)...")
   timings = {
       "compile_fwd_s": compile_fwd_s,
@@ -31,7 +33,8 @@ def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
       "fwd_ms": median_ms(fwd, [(args,)], reps),
       "fwd_bwd_ms": median_ms(step, [(args, *readouts)], reps),
   }
-  quantities = {"o": o, "final_state": final_state, **{f"d{name}": grads[name] for name in args}}
+  quantities = {"o": o, "final_state": final_state, "o (forward alone)": o_alone,
+                "final_state (forward alone)": final_state_alone, **{f"d{name}": grads[name] for name in args}}
   return {name: np.asarray(x, np.float64) for name, x in quantities.items()}, timings
 
 

@@ -27,7 +27,8 @@ def test_compare_impls_chunk_matches_scan(mixer):
                          reps=1, log=quiet)
   rows = report["comparisons"]["scan vs chunk"]
   names = {row["quantity"] for row in rows}
-  assert names == {"o", "final_state", "dq", "dk", "dv", "dg", "dinitial_state"} | GATE_GRADS[mixer]
+  assert names == {"o", "final_state", "o (forward alone)", "final_state (forward alone)", "dq", "dk", "dv", "dg",
+                   "dinitial_state"} | GATE_GRADS[mixer]
   for row in rows:
     assert row["finite"] and row["rel_err"] < 1e-5, row
   assert report["all_finite"]

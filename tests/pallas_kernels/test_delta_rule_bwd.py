@@ -22,7 +22,7 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   decay = spec(B, N, H, K, d=f32)
   kw = dict(chunk_size=chunk_size)
   kernels = [  # (function, arguments, its Triton launches)
-      (lambda *a: intra_chunk(*a, save_inverse=True, scale=0.1, **kw),
+      (lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **kw),
        (key, key, key, value, spec(B, T, H, K, d=f32)), 2),
       (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32)),
        1),
