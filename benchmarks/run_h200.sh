@@ -8,7 +8,8 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of probe prep ops scan ncu baseline kernels bench sdm train mqar_small (default: kernels bench sdm train).
+# steps: any of probe prep ops scan ncu baseline kernels bench sdm sdm_probe train mqar_small (default: kernels bench sdm
+# train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -89,6 +90,9 @@ for step in $steps; do
     sdm)
       run ${SDM_LIMIT:-500} python3 -m experiments.bench_sdm --impls=${SDM_IMPLS:-chunk,pallas} \
         --sdm_chunk_sizes=${SDM_CHUNKS:-16} --out_dir="$RES" --tag=h200_sdm ;;
+    sdm_probe)  # the SDM pallas op kernel by kernel, and its forward kernel over launch settings
+      run ${SDM_PROBE_LIMIT:-400} env SDM_CHUNKS=${SDM_CHUNKS:-16} SDM_FWD=${SDM_FWD:-64:4:1,32:4:1,16:4:1,32:4:2,32:4:1:4,16:4:1:4,16:2:1:8} \
+        python3 benchmarks/scripts/probe_sdm_kernels.py ${SDM_BT:-4,4096} ;;
     train)  # the default MQAR, every dense mixer
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;

@@ -48,8 +48,18 @@ def tile_tools(C, bv, interpret):
                    barrier=(lambda: None) if interpret else pltriton.debug_barrier)
 
 
+def token_loop(C, body, carry, unroll):
+  """fori_loop over C tokens, `unroll` of them per step (Triton's lowering has no unroll of its own)."""
+  def step(i, carry):
+    for j in range(unroll):
+      carry = body(i * unroll + j, carry)
+    return carry
+
+  return jax.lax.fori_loop(0, C // unroll, step, carry)
+
+
 def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref, keep_ref, slot_write_ref,
-            first_ref, v_ref, table_in_ref, table_ref, o_ref, *rows_ref, num_chunks, interpret):
+            first_ref, v_ref, table_in_ref, table_ref, o_ref, *rows_ref, num_chunks, unroll, interpret):
   del table_in_ref  # aliased with table_ref
   f32 = jnp.float32
   C = solve_ref.shape[-1]
@@ -67,7 +77,7 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
       return jnp.where(row == t, r0_t, r0), jnp.where(row == t, o_t, o_read)
 
     zeros = jnp.zeros((C, bv), f32)
-    r0, o_read = jax.lax.fori_loop(0, C, read, (zeros, zeros))
+    r0, o_read = token_loop(C, read, (zeros, zeros), unroll)
     delta = dot(solve_ref[n], v_ref[n].astype(f32) - r0)
     o_ref[n] = (o_read + dot(aqk_ref[n], delta)).astype(o_ref.dtype)
     barrier()
@@ -79,23 +89,28 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, read_coef_ref, solve_ref, aqk_ref
       pltriton.store(table_ref.at[rows], new, mask=jnp.broadcast_to(first_ref[n, t, :][:, None] > 0, new.shape))
       return carry
 
-    jax.lax.fori_loop(0, C, write, 0)
+    token_loop(C, write, 0, unroll)
     barrier()
     return carry
 
   jax.lax.fori_loop(0, num_chunks, chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "interpret"))
+@functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "num_warps", "num_stages", "unroll", "interpret"))
 def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, *,
-                     save_rows=True, block_v=64, interpret=False):
+                     save_rows=True, block_v=64, num_warps=4, num_stages=1, unroll=1, interpret=False):
   """Returns (final table [B, H, N, V] fp32, o [B, H, Nc, C, V] in v.dtype) and with save_rows the rows the
   backward needs, rows [B, H, Nc, C, W, V] fp32: the chunk-start rows at k_idx (T x W x V per head, the
-  largest array of the op: a forward without a gradient leaves them out)."""
+  largest array of the op: a forward without a gradient leaves them out). Launch settings (the defaults untimed
+  against others; benchmarks/scripts/probe_sdm_kernels.py times them): block_v value columns per program,
+  num_warps, num_stages (Triton pipelining of the token loops) and unroll (tokens per step of those loops, so
+  that several tokens' independent row gathers are in flight at once)."""
   B, H, N, V = table.shape
   _, _, Nc, C, W = k_idx.shape
   R = q_idx.shape[-1]
   block_v = min(block_v, V)
+  if unroll < 1 or C % unroll:
+    raise ValueError(f"unroll: expected a divisor of the chunk size {C}, got {unroll}")
   sq = pl.squeezed
   per_head = lambda *shape: pl.BlockSpec((sq, sq, *shape), lambda b, h, j: (b, h) + (0,) * len(shape))
   tile = lambda *shape: pl.BlockSpec((sq, sq, *shape, block_v), lambda b, h, j: (b, h) + (0,) * len(shape) + (j,))
@@ -105,7 +120,7 @@ def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep,
     out_shape.append(jax.ShapeDtypeStruct((B, H, Nc, C, W, V), jnp.float32))
     out_specs.append(tile(Nc, C, W))
   return pl.pallas_call(
-      functools.partial(_kernel, num_chunks=Nc, interpret=interpret),
+      functools.partial(_kernel, num_chunks=Nc, unroll=unroll, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
       in_specs=[per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, W), per_head(Nc, C, R), per_head(Nc, C, C),
@@ -113,7 +128,7 @@ def sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep,
                 tile(N)],
       out_specs=tuple(out_specs),
       input_output_aliases={10: 0},
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_delta_fwd",
   )(k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v, table)

@@ -98,13 +98,13 @@ def _kernel(k_idx_ref, q_idx_ref, r0_coef_ref, solve_ref, aqk_ref, keep_ref, fir
   jax.lax.fori_loop(0, num_chunks, chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_delta_bwd(table, d_table, k_idx, q_idx, r0_coef, solve, a_qk, keep, first, write_coef, slot_r0_coef,
-                     slot_read_coef, rows, v, d_o, *, block_v=64, interpret=False):
+                     slot_read_coef, rows, v, d_o, *, block_v=64, num_warps=4, num_stages=1, interpret=False):
   """table: the final table, d_table: its cotangent (both overwritten in place). Returns (the initial
   table, its cotangent d_table [B, H, N, V], d_v [B, H, Nc, C, V] fp32, and per value tile
   [B, H, V / block_v, Nc, C, ...]: d_r0_coef [W], d_read_coef [R], d_solve [C], d_a_qk [C], d_keep [W]
-  (not yet divided by the multiplicity), d_write_coef [W])."""
+  (not yet divided by the multiplicity), d_write_coef [W]). Launch settings as in `sparse_delta_fwd`."""
   B, H, N, V = table.shape
   _, _, Nc, C, W = k_idx.shape
   R = q_idx.shape[-1]
@@ -127,7 +127,7 @@ def sparse_delta_bwd(table, d_table, k_idx, q_idx, r0_coef, solve, a_qk, keep, f
       out_specs=(tile(N), tile(N), tile(Nc, C), per_tile(Nc, C, W), per_tile(Nc, C, R), per_tile(Nc, C, C),
                  per_tile(Nc, C, C), per_tile(Nc, C, W), per_tile(Nc, C, W)),
       input_output_aliases={13: 0, 14: 1},
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_delta_bwd",
   )(k_idx, q_idx, r0_coef, solve, a_qk, keep, first, write_coef, slot_r0_coef, slot_read_coef, rows, v, d_o, table,

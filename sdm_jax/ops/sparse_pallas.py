@@ -67,22 +67,29 @@ def _chunks_first(x):  # [B, H, Nc, ...] -> [Nc, B, H, ...]
   return jnp.moveaxis(x, 2, 0)
 
 
-def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save):
-  """(o, final table) and, with save, the backward's residuals (the kernel then also writes the rows)."""
+def kernel_inputs(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
+  """(the forward kernel's arguments after the table, the backward's extra coefficients, floats, ints): the
+  chunks' coefficients from XLA, in the kernels' [B, H, Nc, ...] layout."""
   floats, ints = _split(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
   k_w, v, g, beta, q_w = floats
   forward, backward = _over_chunks(_chunk_coefficients, (ints[0], k_w, g, beta, ints[1], q_w))
   k_idx, q_idx = (_heads_first(x.astype(jnp.int32)) for x in ints)
-  r0_coef, read_coef, solve, a_qk, keep, slot_write, first = (_heads_first(x) for x in forward)
-  final, o, *rows = sparse_delta_fwd(table, k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first,
-                                     _heads_first(v), save_rows=save, interpret=jax.default_backend() != "gpu")
+  args = (k_idx, q_idx, *(_heads_first(x) for x in forward), _heads_first(v))
+  return args, backward, floats, ints
+
+
+def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save):
+  """(o, final table) and, with save, the backward's residuals (the kernel then also writes the rows)."""
+  args, backward, floats, ints = kernel_inputs(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
+  final, o, *rows = sparse_delta_fwd(table, *args, save_rows=save, interpret=jax.default_backend() != "gpu")
   o = _from_chunks(_chunks_first(o))
   if not save:
     return (o, final), None
+  k_idx, q_idx, r0_coef, read_coef, solve, a_qk, keep, slot_write, first, v = args
   write_coef, multiplicity, slot_r0_coef, slot_read_coef = backward
   write_coef, slot_r0_coef, slot_read_coef = (_heads_first(x) for x in (write_coef, slot_r0_coef, slot_read_coef))
   kernel_args = (k_idx, q_idx, r0_coef, solve, a_qk, keep, first, write_coef, slot_r0_coef, slot_read_coef, rows[0],
-                 _heads_first(v))
+                 v)
   return (o, final), (final, kernel_args, multiplicity, floats, ints)
 
 

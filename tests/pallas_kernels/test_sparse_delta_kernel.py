@@ -55,3 +55,29 @@ def test_forward_without_gradient_leaves_out_the_saved_rows():
   table = f32(B, H, N, V)
   assert rows not in str(jax.make_jaxpr(run)(table))
   assert rows in str(jax.make_jaxpr(jax.grad(lambda m: jnp.sum(run(m)[0])))(table))
+
+
+@pytest.mark.parametrize("block_v,num_warps,num_stages,unroll", [(16, 4, 2, 1), (32, 8, 1, 4), (64, 2, 2, 2)])
+def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages, unroll):
+  W = R = C = 16
+  x = lambda *shape, dtype=jnp.float32: _chunked(C, *shape, dtype=dtype)
+  args = (TABLE, x(W, dtype=jnp.int32), x(R, dtype=jnp.int32), x(W), x(R), x(C), x(C), x(W), x(W, C), x(W),
+          x(V, dtype=jnp.bfloat16))
+  assert _lowers_for_cuda(lambda *a: sparse_delta_fwd(*a, save_rows=False, block_v=block_v, num_warps=num_warps,
+                                                      num_stages=num_stages, unroll=unroll), args)
+
+
+def test_unrolled_token_loops_give_the_same_result():
+  """unroll only changes how many tokens one loop step covers: in interpret mode the results are identical."""
+  from sdm_jax.evaluation.sdm_bench import sdm_inputs
+  from sdm_jax.ops.sparse_pallas import kernel_inputs
+  B, T, H, N, V, W, C = 1, 32, 2, 64, 32, 16, 16
+  fl, it = sdm_inputs(B, T, H, N, V, W, W, 0)
+  table = jnp.broadcast_to(fl["m0"], (B, H, N, V))
+  args = kernel_inputs(table, it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"], it["q_idx"],
+                       fl["q_w"], C)[0]
+  base, unrolled = (sparse_delta_fwd(table, *args, block_v=16, unroll=unroll, interpret=True) for unroll in (1, 4))
+  for a, b in zip(base, unrolled):
+    assert jnp.array_equal(a, b)
+  with pytest.raises(ValueError, match="unroll"):
+    sparse_delta_fwd(table, *args, unroll=3, interpret=True)
