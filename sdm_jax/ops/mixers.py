@@ -41,12 +41,30 @@ def _options(fn):
   return wrapped
 
 
+# The builds are module-level functions, so a mixer's build is the same object on every call: impl="pallas" hands
+# it to jitted kernels as a static argument, and their compilations are then reused across eager calls.
+def _head_beta_build(k, v, beta):
+  return k, beta[..., None] * k, beta[..., None] * v
+
+
+def _fg2_build(k, v, beta):
+  root = _sqrt_gate(beta)
+  return root * k, root * k, root * v
+
+
+def _fg2_plus_build(k, v, beta_k, beta_v):
+  root_k = _sqrt_gate(beta_k)
+  return root_k * k, root_k * k, _sqrt_gate(beta_v) * v
+
+
+def _gdn2_build(k, v, b, w):
+  return k, b * k, w * v
+
+
 @_options
 def gated_delta_rule(q, k, v, g, beta):
   """Gated DeltaNet: S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.  g, beta: [B, T, H]."""
-  def build(k, v, beta):
-    return k, beta[..., None] * k, beta[..., None] * v
-  return build, q, k, v, {"g": (g, HEAD), "beta": (beta, HEAD)}
+  return _head_beta_build, q, k, v, {"g": (g, HEAD), "beta": (beta, HEAD)}
 
 
 @_options
@@ -55,9 +73,7 @@ def kda(q, k, v, g, beta):
 
   g: [B, T, H, K]; beta: [B, T, H].
   """
-  def build(k, v, beta):
-    return k, beta[..., None] * k, beta[..., None] * v
-  return build, q, k, v, {"g": (g, KEY), "beta": (beta, HEAD)}
+  return _head_beta_build, q, k, v, {"g": (g, KEY), "beta": (beta, HEAD)}
 
 
 @_options
@@ -69,19 +85,13 @@ def fg2_gdn(q, k, v, g, beta):
   if k.shape[-1] != v.shape[-1]:
     raise ValueError(f"v: fg2_gdn requires K == V (beta scales both k and v), got K={k.shape[-1]}, "
                      f"V={v.shape[-1]}; use fg2_gdn_plus for K != V")
-  def build(k, v, beta):
-    root = _sqrt_gate(beta)
-    return root * k, root * k, root * v
-  return build, q, k, v, {"g": (g, KEY), "beta": (beta, KEY)}
+  return _fg2_build, q, k, v, {"g": (g, KEY), "beta": (beta, KEY)}
 
 
 @_options
 def fg2_gdn_plus(q, k, v, g, beta_k, beta_v):
   """FG2-GDN+: k~ = sqrt(beta_k) k, v~ = sqrt(beta_v) v.  g, beta_k: [B, T, H, K]; beta_v: [B, T, H, V]."""
-  def build(k, v, beta_k, beta_v):
-    root_k = _sqrt_gate(beta_k)
-    return root_k * k, root_k * k, _sqrt_gate(beta_v) * v
-  return build, q, k, v, {"g": (g, KEY), "beta_k": (beta_k, KEY), "beta_v": (beta_v, VALUE)}
+  return _fg2_plus_build, q, k, v, {"g": (g, KEY), "beta_k": (beta_k, KEY), "beta_v": (beta_v, VALUE)}
 
 
 @_options
@@ -90,6 +100,4 @@ def gdn2(q, k, v, g, b, w):
 
   g, b (erase gate): [B, T, H, K]; w (write gate): [B, T, H, V].
   """
-  def build(k, v, b, w):
-    return k, b * k, w * v
-  return build, q, k, v, {"g": (g, KEY), "b": (b, KEY), "w": (w, VALUE)}
+  return _gdn2_build, q, k, v, {"g": (g, KEY), "b": (b, KEY), "w": (w, VALUE)}

@@ -101,3 +101,16 @@ def test_lowers_for_cuda(mixer):
   text = lower_for_h200(lambda q, k, v, G, *gates: intra_chunk(q, (k, v, *gates), G, form=f, scale=0.1,
                                                                chunk_size=32), *args[:3], G, *args[3:])
   assert text.count(TRITON_CALL) == 2  # gram_solve and solved, forming u, e, z from k, v and the gates
+
+
+def test_eager_calls_reuse_the_forming_kernels_compilation():
+  """A mixer's build is the same function on every call, so the jitted intra_chunk (which takes the Form as a
+  static argument) compiles once for repeated eager calls of the op."""
+  B, T, H, K, V = 1, 32, 2, 16, 16
+  _, q, k, v, (b, w) = _build("gdn2", B, T, H, K, V, jnp.float32)
+  g = -jnp.ones((B, T, H, K), jnp.float32)
+  run = lambda: MIXERS["gdn2"](q, k, v, g, b, w, impl="pallas", chunk_size=16, use_qk_l2norm=True)
+  first = run()[0]
+  compiled = intra_chunk._cache_size()
+  np.testing.assert_array_equal(np.asarray(run()[0]), np.asarray(first))
+  assert intra_chunk._cache_size() == compiled
