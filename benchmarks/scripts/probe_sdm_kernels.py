@@ -46,7 +46,7 @@ for C in CHUNKS:
 
   def kernel_args(fl, it, C=C):
     table = jnp.broadcast_to(fl["m0"], (B, H, N, V))
-    args = kernel_inputs(table, it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"],
+    args = kernel_inputs(it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"],
                          it["q_idx"], fl["q_w"], C)[0]
     return (table, *args)
 

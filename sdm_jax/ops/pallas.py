@@ -74,15 +74,16 @@ def _delta_rule_pallas(form, io_dtype, scale, chunk_size, q, k, v, gates, g, sta
   return _forward(form, io_dtype, q, (k, v, *gates), g, state, scale, chunk_size, save=False)[0]
 
 
-def _formed(form, io_dtype, q, k, v, gates):
-  """(q, u, e, z) in io_dtype, written by one launch (or cast, when they come formed)."""
+def _written_inputs(form, io_dtype, q, k, v, gates):
+  """(q, u, e, z) in io_dtype for the backward kernels: written by one launch, or cast by XLA when they come
+  formed."""
   if form is FORMED:
-    return tuple(x.astype(io_dtype) for x in (q, k, gates[0], v))
+    return _reference(form, io_dtype, q, k, v, gates)
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
 def _fwd(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state):
-  q_, u, e, z = _formed(form, io_dtype, q, k, v, gates)
+  q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
   out, saved = _forward(FORMED, io_dtype, q_, (u, z, e), g, state, scale, chunk_size, save=True)
   return out, (saved, (q, k, v, gates), q.shape, v.shape[-1])
 

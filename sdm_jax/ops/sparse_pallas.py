@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.sparse_delta import sparse_delta_fwd
 from pallas_kernels.sparse_delta_bwd import sparse_delta_bwd
-from sdm_jax.ops.pallas import next_pow2
+from sdm_jax.ops.pallas import interpret, next_pow2
 from sdm_jax.ops.sparse_chunk import _from_chunks, _split, _to_chunks, chunk_addressing, first_writes, per_token
 
 PALLAS_SPARSE_CHUNK_SIZES = (16, 32, 64)
@@ -67,7 +67,7 @@ def _chunks_first(x):  # [B, H, Nc, ...] -> [Nc, B, H, ...]
   return jnp.moveaxis(x, 2, 0)
 
 
-def kernel_inputs(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
+def kernel_inputs(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
   """(the forward kernel's arguments after the table, the backward's extra coefficients, floats, ints): the
   chunks' coefficients from XLA, in the kernels' [B, H, Nc, ...] layout."""
   floats, ints = _split(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
@@ -80,8 +80,8 @@ def kernel_inputs(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size):
 
 def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size, save):
   """(o, final table) and, with save, the backward's residuals (the kernel then also writes the rows)."""
-  args, backward, floats, ints = kernel_inputs(table, k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
-  final, o, *rows = sparse_delta_fwd(table, *args, save_rows=save, interpret=jax.default_backend() != "gpu")
+  args, backward, floats, ints = kernel_inputs(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
+  final, o, *rows = sparse_delta_fwd(table, *args, save_rows=save, interpret=interpret())
   o = _from_chunks(_chunks_first(o))
   if not save:
     return (o, final), None
@@ -118,7 +118,7 @@ def _bwd(chunk_size, residuals, cotangents):
   k_idx, q_idx = ints
   d_o = _heads_first(_to_chunks(d_o, chunk_size))
   _, d_table, d_v, *d_tiles = sparse_delta_bwd(final, d_final, *kernel_args, d_o,
-                                               interpret=jax.default_backend() != "gpu")
+                                               interpret=interpret())
   d_r0_coef, d_read_coef, d_solve, d_aqk, d_keep, d_write_coef = (_chunks_first(jnp.sum(d, axis=2)) for d in d_tiles)
   # Every entry of a slot sets the same kept value: the slot's cotangent is shared among them.
   d_keep = d_keep / multiplicity.astype(d_keep.dtype)

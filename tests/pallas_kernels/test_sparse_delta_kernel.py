@@ -74,7 +74,7 @@ def test_unrolled_token_loops_give_the_same_result():
   B, T, H, N, V, W, C = 1, 32, 2, 64, 32, 16, 16
   fl, it = sdm_inputs(B, T, H, N, V, W, W, 0)
   table = jnp.broadcast_to(fl["m0"], (B, H, N, V))
-  args = kernel_inputs(table, it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"], it["q_idx"],
+  args = kernel_inputs(it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"], it["q_idx"],
                        fl["q_w"], C)[0]
   base, unrolled = (sparse_delta_fwd(table, *args, block_v=16, unroll=unroll, interpret=True) for unroll in (1, 4))
   for a, b in zip(base, unrolled):
