@@ -1,10 +1,12 @@
 """Probe (2026-11-30, session 10): the SDM pallas op kernel by kernel (CUPTI), and its forward kernel alone over
 launch settings, against the byte floor of the rows it moves.
 
-  SDM_CHUNKS=16 SDM_FWD=64:4:1,32:4:1:4,16:2:1:8 PYTHONPATH=. python3 benchmarks/scripts/probe_sdm_kernels.py 4,4096
+  SDM_CHUNKS=16 SDM_FWD=64:4:1,32:4:1:4,16:2:1:8 SDM_BWD=64:4:1,16:4:1 PYTHONPATH=. \
+    python3 benchmarks/scripts/probe_sdm_kernels.py 4,4096
 
 argv: B,T (default the issue's 4,4096); SDM_SHAPE: H,N,V,W (default 2,65536,1024,128; R = W). SDM_FWD:
-block_v:num_warps:num_stages[:unroll] of `sparse_delta_fwd`. The kernel alone is timed without saving rows (the
+block_v:num_warps:num_stages[:unroll] of `sparse_delta_fwd`; SDM_BWD: block_v:num_warps:num_stages
+of `sparse_delta_bwd` (timed on one input set: its saved rows alone are B T H W V fp32, 17 GB at the issue's shape). The kernel alone is timed without saving rows (the
 forward without gradients); its table argument is aliased to its output, so each timed run also holds XLA's
 copy of the [B, H, N, V] fp32 table (its own line below). Median of 10 warm runs over 3 rotated input sets.
 """
@@ -19,14 +21,18 @@ from pallas_kernels.sparse_delta import sparse_delta_fwd
 from sdm_jax.evaluation.sdm_bench import sdm_inputs
 from sdm_jax.evaluation.timing import timer_name
 from sdm_jax.ops import sparse_delta_rule
-from sdm_jax.ops.sparse_pallas import kernel_inputs
+from pallas_kernels.sparse_delta_bwd import sparse_delta_bwd
+from sdm_jax.ops.sparse_chunk import _to_chunks
+from sdm_jax.ops.sparse_pallas import _forward, _heads_first, kernel_inputs
 
 from probe_common import Timer, breakdown
 
 B, T = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "4,4096").split(","))
 H, N, V, W = (int(x) for x in os.environ.get("SDM_SHAPE", "2,65536,1024,128").split(","))
 CHUNKS = [int(x) for x in os.environ.get("SDM_CHUNKS", "16").split(",")]
-FWD = [tuple(int(x) for x in s.split(":")) for s in os.environ.get("SDM_FWD", "64:4:1,32:4:1,16:4:1").split(",")]
+settings = lambda name, default: [tuple(int(x) for x in s.split(":")) for s in os.environ.get(name, default).split(",") if s]
+FWD = settings("SDM_FWD", "64:4:1,32:4:1,16:4:1")
+BWD = settings("SDM_BWD", "64:4:1,32:4:1,16:4:1")
 interpret = jax.default_backend() != "gpu"
 timed = Timer()
 sets = [sdm_inputs(B, T, H, N, V, W, W, seed) for seed in range(3)]
@@ -59,6 +65,20 @@ for C in CHUNKS:
               *a, save_rows=False, block_v=bv, num_warps=warps, num_stages=stages, unroll=unroll,
               interpret=interpret)[1], arg_sets)
   del arg_sets
+
+  def bwd_args(fl, it, C=C):  # the backward kernel's arguments, o standing in for its cotangent
+    table = jnp.broadcast_to(fl["m0"], (B, H, N, V))
+    (o, final), residuals = _forward(table, it["k_idx"], fl["k_w"], fl["v"].astype(jnp.float32), fl["g"], fl["beta"],
+                                     it["q_idx"], fl["q_w"], C, save=True)
+    return (final, final, *residuals[1], _heads_first(_to_chunks(o, C)))
+
+  if BWD:
+    bwd_set = [jax.block_until_ready(jax.jit(bwd_args)(*sets[0]))]
+    for bv, warps, stages in BWD:
+      timed(f"C={C} sparse_delta_bwd block_v={bv} warps={warps} stages={stages}",
+            lambda *a, bv=bv, warps=warps, stages=stages: sparse_delta_bwd(
+                *a, block_v=bv, num_warps=warps, num_stages=stages, interpret=interpret)[2], [bwd_set[0]])
+    del bwd_set
 
 print()
 print(timed.table("SDM"), flush=True)
