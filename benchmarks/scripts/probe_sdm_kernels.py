@@ -22,6 +22,7 @@ from sdm_jax.evaluation.sdm_bench import sdm_inputs
 from sdm_jax.evaluation.timing import timer_name
 from sdm_jax.ops import sparse_delta_rule
 from pallas_kernels.sparse_delta_bwd import sparse_delta_bwd
+from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.sparse_chunk import _to_chunks
 from sdm_jax.ops.sparse_pallas import _forward, _heads_first, kernel_inputs
 
@@ -33,6 +34,8 @@ CHUNKS = [int(x) for x in os.environ.get("SDM_CHUNKS", "16").split(",")]
 settings = lambda name, default: [tuple(int(x) for x in s.split(":")) for s in os.environ.get(name, default).split(",") if s]
 FWD = settings("SDM_FWD", "64:4:1,32:4:1,16:4:1")
 BWD = settings("SDM_BWD", "64:4:1,32:4:1,16:4:1")
+TOKENS_FWD = settings("SDM_TOKENS_FWD", "16:4:1,32:4:1,16:2:1,8:2:1")
+TOKENS_BWD = settings("SDM_TOKENS_BWD", "16:4:1,32:4:1")
 interpret = jax.default_backend() != "gpu"
 timed = Timer()
 sets = [sdm_inputs(B, T, H, N, V, W, W, seed) for seed in range(3)]
@@ -78,6 +81,43 @@ for C in CHUNKS:
       timed(f"C={C} sparse_delta_bwd block_v={bv} warps={warps} stages={stages}",
             lambda *a, bv=bv, warps=warps, stages=stages: sparse_delta_bwd(
                 *a, block_v=bv, num_warps=warps, num_stages=stages, interpret=interpret)[2], [bwd_set[0]])
+    del bwd_set
+
+
+# The token-by-token kernels (pallas_kernels/sparse_tokens.py): no chunk algebra, each token's rows only.
+heads = lambda x: jnp.moveaxis(x, 2, 1)  # [B, T, H, ...] -> [B, H, T, ...]
+summed = lambda idx, w: jnp.einsum("...ij,...j->...i", (idx[..., :, None] == idx[..., None, :]).astype(w.dtype), w)
+first = lambda idx: (~jnp.any((idx[..., :, None] == idx[..., None, :]) & jnp.tril(jnp.ones((W, W), bool), -1),
+                              axis=-1)).astype(jnp.float32)
+
+
+def tokens_args(fl, it):
+  table = jnp.broadcast_to(fl["m0"], (B, H, N, V))
+  return (table, *(heads(x) for x in (it["k_idx"], fl["k_w"], summed(it["k_idx"], fl["k_w"]), jnp.exp(fl["g"]),
+                                      fl["beta"], fl["v"], it["q_idx"], fl["q_w"])))
+
+
+if TOKENS_FWD or TOKENS_BWD:
+  arg_sets = [jax.block_until_ready(jax.jit(tokens_args)(*s)) for s in sets]
+  for bv, warps, stages in TOKENS_FWD:
+    timed(f"sparse_tokens_fwd block_v={bv} warps={warps} stages={stages}",
+          lambda *a, bv=bv, warps=warps, stages=stages: sparse_tokens_fwd(
+              *a, save_rows=False, block_v=bv, num_warps=warps, num_stages=stages, interpret=interpret)[1], arg_sets)
+  if TOKENS_BWD:
+    bv0 = TOKENS_FWD[0][0] if TOKENS_FWD else 16
+    timed(f"sparse_tokens_fwd saving rows block_v={bv0}",
+          lambda *a: sparse_tokens_fwd(*a, block_v=bv0, interpret=interpret)[2], arg_sets[:1])
+    fl, it = sets[0]
+    table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w = arg_sets[0]
+    final, o, rows = jax.block_until_ready(sparse_tokens_fwd(*arg_sets[0], block_v=bv0, interpret=interpret))
+    del arg_sets
+    bwd_set = (final, final, k_idx, k_w, k_slot, heads(first(it["k_idx"])), decay, beta, v, q_idx,
+               heads(summed(it["q_idx"], fl["q_w"])), rows, o)
+    del final, rows
+    for bv, warps, stages in TOKENS_BWD:
+      timed(f"sparse_tokens_bwd block_v={bv} warps={warps} stages={stages}",
+            lambda *a, bv=bv, warps=warps, stages=stages: sparse_tokens_bwd(
+                *a, block_v=bv, num_warps=warps, num_stages=stages, interpret=interpret)[2], [bwd_set])
     del bwd_set
 
 print()

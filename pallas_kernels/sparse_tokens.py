@@ -1,0 +1,171 @@
+"""Pallas (Triton) kernels for the Sparse Delta Memory recurrence token by token (SPEC.md section 3).
+
+The recurrence is independent per value column, so each program owns one tile of block_v columns of
+one (batch, head) table and walks the tokens in order on it, in place:
+
+    rows = M[I_t]                        (W rows; a slot listed twice is gathered twice)
+    r    = sum_w kappa_t[w] exp(g_t) rows[w],   d = beta_t (v_t - r)
+    M[I_t] = exp(g_t) rows + kappa_slot_t d     (kappa_slot: the summed weight of the entry's slot, so
+                                                 duplicates write the same value)
+    o_t  = sum_r rho_t[r] M[J_t]          (read after the write)
+
+No per-chunk algebra is formed: every token costs its W + R row gathers and W row writes, the byte floor
+of the update. Barriers order the memory traffic of a program's threads: all of a token's row reads
+before its writes (duplicates), and the writes before the reads that follow.
+
+The backward walks the tokens in reverse with the table cotangent dM in place. Per token t, on M_t:
+  1. the read: d_rho[r] = <M_t[J_t[r]], dO_t>, dM[J_t] += rho_slot dO_t;
+  2. the write, from the saved rows P = M_{t-1}[I_t]: with dM_t = dM[I_t] and e = exp(g_t),
+     dd = sum_w kappa[w] dM_t[w], dv = beta dd, d_beta = <dd, v - r>, dr = -beta dd,
+     d_kappa[w] = <dM_t[w], d> + <e P[w], dr>, dM[I_t] = e (dM_t + kappa_slot dr) (the cotangent of
+     M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
+The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
+Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
+[B, H, T]; v, d_o [.., V]; rows [.., W, V]; table [B, H, N, V] fp32. W, R, V powers of two.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+
+def _tools(bv, interpret):
+  cols = jax.lax.broadcasted_iota(jnp.int32, (1, bv), 1)
+  at_rows = lambda idx: (idx[:, None], cols)  # the table rows at a vector of slots: a gather or a scatter
+  barrier = (lambda: None) if interpret else pltriton.debug_barrier
+  return at_rows, barrier
+
+
+def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref,
+                table_ref, o_ref, *rows_ref, interpret):
+  del table_in_ref  # aliased with table_ref
+  f32 = jnp.float32
+  T, bv = v_ref.shape
+  at_rows, barrier = _tools(bv, interpret)
+
+  def token(t, carry):
+    k_rows = at_rows(k_idx_ref[t, :])
+    rows = table_ref[k_rows]
+    if rows_ref:
+      rows_ref[0][t] = rows
+    rows = decay_ref[t] * rows
+    r = jnp.sum(k_w_ref[t, :][:, None] * rows, axis=0, keepdims=True)
+    d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(f32) - r)
+    barrier()  # a slot listed twice: every copy is read before any is rewritten
+    table_ref[k_rows] = rows + k_slot_ref[t, :][:, None] * d
+    barrier()  # the writes land before the reads
+    o = jnp.sum(q_w_ref[t, :][:, None] * table_ref[at_rows(q_idx_ref[t, :])], axis=0, keepdims=True)
+    o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, T, token, 0)
+
+
+def _specs(block_v):
+  sq = pl.squeezed
+  per_head = lambda *shape: pl.BlockSpec((sq, sq, *shape), lambda b, h, j: (b, h) + (0,) * len(shape))
+  tile = lambda *shape: pl.BlockSpec((sq, sq, *shape, block_v), lambda b, h, j: (b, h) + (0,) * len(shape) + (j,))
+  per_tile = lambda *shape: pl.BlockSpec((sq, sq, sq, *shape), lambda b, h, j: (b, h, j) + (0,) * len(shape))
+  return per_head, tile, per_tile
+
+
+@functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "num_warps", "num_stages", "interpret"))
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, block_v=16,
+                      num_warps=4, num_stages=1, interpret=False):
+  """Returns (final table [B, H, N, V] fp32, o [B, H, T, V] in v.dtype) and with save_rows the rows each token
+  found before its write, rows [B, H, T, W, V] fp32 (what the backward undoes the writes with)."""
+  B, H, N, V = table.shape
+  T, W = k_idx.shape[2:]
+  R = q_idx.shape[-1]
+  block_v = min(block_v, V)
+  per_head, tile, _ = _specs(block_v)
+  out_shape = [jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
+  out_specs = [tile(N), tile(T)]
+  if save_rows:
+    out_shape.append(jax.ShapeDtypeStruct((B, H, T, W, V), jnp.float32))
+    out_specs.append(tile(T, W))
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, interpret=interpret),
+      out_shape=tuple(out_shape),
+      grid=(B, H, V // block_v),
+      in_specs=[per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
+                per_head(T, R), tile(N)],
+      out_specs=tuple(out_specs),
+      input_output_aliases={8: 0},
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="sparse_tokens_fwd",
+  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, table)
+
+
+def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
+                rows_ref, d_o_ref, table_in_ref, d_table_in_ref, table_ref, d_table_ref, d_v_ref, d_k_w_ref,
+                d_q_w_ref, d_g_ref, d_beta_ref, *, interpret):
+  del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
+  f32 = jnp.float32
+  T, bv = v_ref.shape
+  at_rows, barrier = _tools(bv, interpret)
+
+  def token(i, carry):
+    t = T - 1 - i
+    # 1. The read of token t, on M_t.
+    q_rows = at_rows(q_idx_ref[t, :])
+    d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
+    d_q_w_ref[t, :] = jnp.sum(table_ref[q_rows] * d_o, axis=1)
+    d_read = d_table_ref[q_rows]
+    barrier()
+    d_table_ref[q_rows] = d_read + q_slot_ref[t, :][:, None] * d_o
+    barrier()
+    # 2. The write of token t, from the rows it found.
+    k_rows = at_rows(k_idx_ref[t, :])
+    found = rows_ref[t]
+    decay, beta = decay_ref[t], beta_ref[t]
+    k_w = k_w_ref[t, :][:, None]
+    decayed = decay * found
+    v_r = v_ref[pl.ds(t, 1), :].astype(f32) - jnp.sum(k_w * decayed, axis=0, keepdims=True)
+    d_written = d_table_ref[k_rows]
+    dd = jnp.sum(k_w * d_written, axis=0, keepdims=True)
+    dr = -beta * dd
+    d_v_ref[pl.ds(t, 1), :] = beta * dd
+    d_beta_ref[pl.ds(t, 1)] = jnp.sum(dd * v_r, axis=1)
+    d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
+    d_found = decay * (d_written + k_slot_ref[t, :][:, None] * dr)
+    d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
+    barrier()
+    d_table_ref[k_rows] = d_found
+    table_ref[k_rows] = found
+    barrier()
+    return carry
+
+  jax.lax.fori_loop(0, T, token, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
+def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
+                      block_v=16, num_warps=4, num_stages=1, interpret=False):
+  """table: the final table, d_table: its cotangent (both overwritten in place). Returns (the initial table,
+  its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile [B, H, V / block_v, T, ...]: d_k_w
+  [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g))."""
+  B, H, N, V = table.shape
+  T, W = k_idx.shape[2:]
+  R = q_idx.shape[-1]
+  block_v = min(block_v, V)
+  nv = V // block_v
+  per_head, tile, per_tile = _specs(block_v)
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  return pl.pallas_call(
+      functools.partial(_bwd_kernel, interpret=interpret),
+      out_shape=(f32(B, H, N, V), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W), f32(B, H, nv, T, R),
+                 f32(B, H, nv, T), f32(B, H, nv, T)),
+      grid=(B, H, nv),
+      in_specs=[per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
+                per_head(T, R), per_head(T, R), tile(T, W), tile(T), tile(N), tile(N)],
+      out_specs=(tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)),
+      input_output_aliases={11: 0, 12: 1},
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="sparse_tokens_bwd",
+  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, table, d_table)
