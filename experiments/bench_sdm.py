@@ -26,7 +26,8 @@ flags.DEFINE_integer("gdn_head_dim", 128, "K = V of the dense GDN run.")
 flags.DEFINE_integer("address_rows", 32768, "Tokens of the addressing run (times sdm_heads rows).")
 flags.DEFINE_integer("address_dim", 128, "Sub-key dimension of the addressing run.")
 flags.DEFINE_list("impls", ["chunk", "pallas"], "Impls of the SDM op and of the dense GDN op to time.")
-flags.DEFINE_list("sdm_chunk_sizes", ["16"], "Chunk sizes of the SDM op, each timed per impl (16, 32, 64).")
+flags.DEFINE_list("sdm_chunk_sizes", ["16"], "Chunk sizes of the SDM chunk impl, each timed (pallas has none).")
+flags.DEFINE_integer("gdn_chunk_size", 32, "Chunk size of the dense GDN op (32, as the gdn2 and kda benches run their pallas op).")
 flags.DEFINE_integer("reps", 10, "Warm runs per timing (median).")
 flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON and markdown go.")
 flags.DEFINE_string("tag", "sdm", "File name tag.")
@@ -45,7 +46,7 @@ def main(argv):
     raise app.UsageError(f"--num_slots: expected a perfect square, got {FLAGS.num_slots}")
   config = {name: FLAGS[name].value for name in ("shape", "sdm_heads", "num_slots", "value_dim", "topk", "gdn_heads",
                                                   "gdn_head_dim", "address_rows", "address_dim", "impls",
-                                                  "sdm_chunk_sizes", "reps")}
+                                                  "sdm_chunk_sizes", "gdn_chunk_size", "reps")}
   meta = {**run_metadata(), "config": config}
   rows = []
 
@@ -63,11 +64,14 @@ def main(argv):
   H, N, V, W = FLAGS.sdm_heads, FLAGS.num_slots, FLAGS.value_dim, FLAGS.topk
   K = FLAGS.gdn_head_dim
   for impl in FLAGS.impls:
-    for C in (int(c) for c in FLAGS.sdm_chunk_sizes):
-      record(f"sdm {impl} C={C} {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V,
+    # impl="pallas" walks the tokens without chunks: one run, whatever --sdm_chunk_sizes says.
+    for C in (int(c) for c in FLAGS.sdm_chunk_sizes[:1 if impl == "pallas" else None]):
+      chunk = "" if impl == "pallas" else f" C={C}"
+      record(f"sdm {impl}{chunk} {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_sdm, B=B, T=T, H=H, N=N, V=V,
              W=W, R=W, impl=impl, chunk_size=C, reps=FLAGS.reps)
-    record(f"gdn {impl} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense, mixer="gdn", B=B, T=T,
-           H=FLAGS.gdn_heads, K=K, V=K, impl=impl, reps=FLAGS.reps)
+    record(f"gdn {impl} C={FLAGS.gdn_chunk_size} {B}x{T} H={FLAGS.gdn_heads} K=V={K}", sdm_bench.time_dense,
+           mixer="gdn", B=B, T=T, H=FLAGS.gdn_heads, K=K, V=K, impl=impl, chunk_size=FLAGS.gdn_chunk_size,
+           reps=FLAGS.reps)
   record(f"sdm row traffic only, XLA {B}x{T} H={H} N={N} V={V} W=R={W}", sdm_bench.time_row_traffic, B=B, T=T, H=H,
          N=N, V=V, W=W, R=W, reps=FLAGS.reps)
   for impl in ("xla", "pallas"):

@@ -52,14 +52,6 @@ def per_token(u, x):
   return jnp.zeros((C * W + 1, C), x.dtype).at[u, s].add(x)
 
 
-def first_writes(u):
-  """[C, W] bool: no earlier token of the chunk wrote the slot of entry (t, w) (group ids u [C, W])."""
-  C, W = u.shape
-  t = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32)[:, None], u.shape)
-  first_token = jnp.full((C * W,), C, jnp.int32).at[u].min(t)  # the smallest token of each group
-  return first_token[u] == t
-
-
 def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   """The value-independent part of one chunk for one (batch, head).
 

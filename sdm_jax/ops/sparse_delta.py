@@ -60,8 +60,9 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", c
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
   [B, T, H, W]; v: [B, T, H, V]; g (log decay <= 0), beta: [B, T, H]; q_idx (int), q_w: [B, T, H, R].
-  impl: "scan" (the reference), "chunk" (chunked WY with a memory-lean backward) or "pallas" (the
-  chunk form with a Pallas kernel for the row work; interpret mode off the GPU; chunk_size 16, 32 or 64).
+  impl: "scan" (the reference), "chunk" (chunked WY with a memory-lean backward; chunk_size tokens per
+  chunk) or "pallas" (Pallas kernels that walk the tokens in order on the touched rows, with the same
+  memory-lean backward; interpret mode off the GPU; chunk_size unused).
   Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
   indices raise ValueError (under jit: a check that `checkify` reports).
   """
@@ -86,12 +87,13 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", c
   k_w, v32, g, beta, q_w = floats
   if impl == "scan":
     o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
+  elif impl == "pallas":
+    o, final = sparse_delta_pallas(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
   else:
     C = chunk_size
     pad = -T % C
     # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.
     pad_t = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    run = sparse_delta_pallas if impl == "pallas" else sparse_delta_chunk
-    o, final = run(table, *map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w)), C)
+    o, final = sparse_delta_chunk(table, *map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w)), C)
     o = o[:, :T]
   return o.astype(v.dtype), final if output_final_state else None

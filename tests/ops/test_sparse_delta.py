@@ -93,8 +93,9 @@ def test_scan_matches_dense_numpy(x64, shared):
 @pytest.mark.parametrize("impl,decay,beta_mode,chunk_size,T,seed", [
     ("chunk", 1.0, "random", 16, 37, 1), ("chunk", 0.01, "random", 8, 16, 2), ("chunk", 30.0, "random", 16, 40, 3),
     ("chunk", 1.0, "zero", 8, 21, 4), ("chunk", 1.0, "one", 32, 33, 5), ("chunk", 3.0, "random", 4, 1, 6),
+    # impl="pallas" has no chunks: its chunk_size is unused.
     ("pallas", 1.0, "random", 16, 37, 1), ("pallas", 30.0, "random", 16, 40, 3), ("pallas", 1.0, "zero", 16, 21, 4),
-    ("pallas", 1.0, "one", 32, 33, 5), ("pallas", 0.01, "random", 16, 1, 6),
+    ("pallas", 1.0, "one", 16, 33, 5), ("pallas", 0.01, "random", 16, 1, 6),
 ])
 def test_matches_scan(x64, impl, decay, beta_mode, chunk_size, T, seed):
   x = _inputs(seed, T=T, decay=decay, beta_mode=beta_mode, shared=seed % 2 == 0)
@@ -129,16 +130,10 @@ def test_duplicate_slots_sum_their_weights(x64):
     o, table = _run(x, jnp.float64, impl=impl)
     o_merged, table_merged = _run(merged, jnp.float64, impl=impl)
     assert _rel(o, o_merged) < 1e-12 and _rel(table, table_merged) < 1e-12
-  # The Pallas kernel computes in fp32; a slot listed twice in a token is written twice with one value.
+  # The Pallas kernels compute in fp32; a slot listed twice in a token is written twice with one value.
   o, table = _run(x, jnp.float32, impl="pallas")
   o_merged, table_merged = _run(merged, jnp.float32, impl="scan")
   assert _rel(o, o_merged) < 1e-5 and _rel(table, table_merged) < 1e-5
-
-
-def test_pallas_rejects_a_chunk_size_its_kernel_lacks():
-  x = _inputs(9, T=8)
-  with pytest.raises(ValueError, match="chunk_size"):
-    _run(x, jnp.float32, impl="pallas", chunk_size=8)
 
 
 def test_shared_m0_gradient_is_the_batch_sum(x64):

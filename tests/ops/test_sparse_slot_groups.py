@@ -1,12 +1,14 @@
 """Sparse Delta Memory's chunk-local slot ids against the brute-force [C, W, C, W] slot comparison
-they replace: group ids, per-token weights and hits, multiplicities, first writes, and gradients."""
+they replace: group ids, per-token weights and hits, multiplicities and gradients; and the within-token groups
+of impl="pallas" (summed weights, first entries) against a brute-force comparison."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax.ops.sparse_chunk import chunk_addressing, first_writes, per_token, slot_groups
+from sdm_jax.ops.sparse_chunk import chunk_addressing, per_token, slot_groups
+from sdm_jax.ops.sparse_pallas import _slot_groups, _summed_within_token
 
 C, W, R = 8, 3, 4
 
@@ -15,10 +17,8 @@ def _brute(k_idx, q_idx, k_w):
   """The former construction: same[t, w, s, x] = (k_idx[t, w] == k_idx[s, x]), likewise for reads."""
   same = k_idx[:, :, None, None] == k_idx[None, None, :, :]
   same_q = q_idx[:, :, None, None] == k_idx[None, None, :, :]
-  earlier = (np.arange(C)[None, :] < np.arange(C)[:, None])[:, None, :, None]
   return dict(hit=same.any(-1), hit_q=same_q.any(-1), weight=np.einsum("twsx,sx->tws", same, k_w),
-              weight_q=np.einsum("trsx,sx->trs", same_q, k_w), multiplicity=same.sum((2, 3)),
-              first=~np.any(same & earlier, axis=(2, 3)))
+              weight_q=np.einsum("trsx,sx->trs", same_q, k_w), multiplicity=same.sum((2, 3)))
 
 
 @pytest.mark.parametrize("N,seed", [(1, 0), (5, 1), (12, 2), (1000, 3)])  # one slot, heavy, light, no collisions
@@ -42,7 +42,6 @@ def test_slot_groups_match_brute_force(N, seed):
   np.testing.assert_array_equal(counts[u_q] > 0, ref["hit_q"])
   np.testing.assert_allclose(weights[u], ref["weight"], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(weights[u_q], ref["weight_q"], rtol=1e-6, atol=1e-7)
-  np.testing.assert_array_equal(np.asarray(first_writes(jnp.asarray(u))), ref["first"])
   a = chunk_addressing(jnp.asarray(k_idx), jnp.asarray(k_w, jnp.float32), -jnp.ones(C), jnp.full(C, 0.5),
                        jnp.asarray(q_idx), jnp.full((C, R), 0.25))
   np.testing.assert_array_equal(np.asarray(a["multiplicity"]), ref["multiplicity"])
@@ -65,3 +64,19 @@ def test_slot_tables_pass_gradients_to_the_weights():
     return jnp.sum(jnp.einsum("twsx,sx->tws", same, k_w) * r) + jnp.sum(jnp.einsum("trsx,sx->trs", same_q, k_w) * r_q)
 
   np.testing.assert_allclose(jax.grad(grouped)(k_w), jax.grad(brute)(k_w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N", [1, 4, 1000])
+def test_within_token_groups_match_brute_force(N):
+  rng = np.random.default_rng(N)
+  idx = rng.integers(0, N, size=(3, 5, 16))
+  idx[0, 0, 3] = idx[0, 0, 0]  # a slot listed twice
+  w = rng.uniform(size=idx.shape).astype(np.float32)
+  same = idx[..., :, None] == idx[..., None, :]
+  first = ~np.any(same & np.tril(np.ones((16, 16), bool), -1), axis=-1)
+  group, got_first = _slot_groups(jnp.asarray(idx))
+  np.testing.assert_array_equal(np.asarray(got_first), first)
+  group = np.asarray(group)
+  np.testing.assert_array_equal(group[..., :, None] == group[..., None, :], same)
+  np.testing.assert_allclose(np.asarray(_summed_within_token(jnp.asarray(idx), jnp.asarray(w))),
+                             np.einsum("...ij,...j->...i", same, w), rtol=1e-6)
