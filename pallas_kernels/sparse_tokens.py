@@ -73,10 +73,12 @@ def _specs(block_v):
 
 
 @functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "num_warps", "num_stages", "interpret"))
-def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, block_v=16,
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, block_v=32,
                       num_warps=4, num_stages=1, interpret=False):
   """Returns (final table [B, H, N, V] fp32, o [B, H, T, V] in v.dtype) and with save_rows the rows each token
-  found before its write, rows [B, H, T, W, V] fp32 (what the backward undoes the writes with)."""
+  found before its write, rows [B, H, T, W, V] fp32 (what the backward undoes the writes with). Launch
+  settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
+  64: 23.6; benchmarks/2026-11-30_h200_session11.md)."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
@@ -145,10 +147,11 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
-                      block_v=16, num_warps=4, num_stages=1, interpret=False):
+                      block_v=32, num_warps=8, num_stages=1, interpret=False):
   """table: the final table, d_table: its cotangent (both overwritten in place). Returns (the initial table,
   its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile [B, H, V / block_v, T, ...]: d_k_w
-  [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g))."""
+  [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)). Launch settings as for the
+  forward (block_v 32 with 8 warps: 44.6 ms at the H200 bench shape, 16 with 4: 69.0)."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
