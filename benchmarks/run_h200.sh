@@ -90,8 +90,8 @@ for step in $steps; do
     sdm)
       run ${SDM_LIMIT:-500} python3 -m experiments.bench_sdm --impls=${SDM_IMPLS:-chunk,pallas} \
         --sdm_chunk_sizes=${SDM_CHUNKS:-16} --out_dir="$RES" --tag=h200_sdm ;;
-    sdm_probe)  # the SDM pallas op kernel by kernel, and its forward kernel over launch settings
-      run ${SDM_PROBE_LIMIT:-400} env SDM_CHUNKS=${SDM_CHUNKS:-16} SDM_FWD=${SDM_FWD:-64:4:1,32:4:1,16:4:1,32:4:2,32:4:1:4,16:4:1:4,16:2:1:8} \
+    sdm_probe)  # the SDM pallas op kernel by kernel, and its token kernels over launch settings
+      run ${SDM_PROBE_LIMIT:-200} env SDM_FWD=${SDM_FWD:-32:4:1,32:2:1,64:4:1} SDM_BWD=${SDM_BWD:-32:8:1,64:8:1} \
         python3 benchmarks/scripts/probe_sdm_kernels.py ${SDM_BT:-4,4096} ;;
     train)  # the default MQAR, every dense mixer
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \

@@ -1,6 +1,7 @@
 r"""Times the mixer ops (forward, forward+backward) over shapes, against flash-linear-attention.
 
   python -m experiments.bench_ops --mixers=kda,gdn2 --impls=chunk --tag=chunk_h200
+  python -m experiments.bench_ops --merge=a.json,b.json --tag=kda   # one report (table, plot) from several runs
 
 Writes benchmarks/<date>_<tag>.{json,md,png} and prints the short table last. On a CPU backend
 the default shapes shrink to 1x256 with --heads=2 --head_dim=32 unless given explicitly.
@@ -11,7 +12,7 @@ import os
 from absl import app, flags
 
 from experiments import cli
-from sdm_jax.evaluation.op_bench import format_table, parse_shapes, run_sweep, write_report
+from sdm_jax.evaluation.op_bench import format_table, merge_reports, parse_shapes, run_sweep, write_report
 from sdm_jax.evaluation.op_inputs import MIXERS
 from sdm_jax.evaluation.timing import run_metadata
 
@@ -28,6 +29,7 @@ flags.DEFINE_integer("seed", 0, "Seed of the first of the 3 input sets.")
 flags.DEFINE_boolean("peer", True, "Also time fla's Triton chunk_kda / chunk_gdn2 where importable.")
 flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON, markdown and PNG go.")
 flags.DEFINE_string("tag", "ops", "File name tag: <out_dir>/<date>_<tag>.*")
+flags.DEFINE_list("merge", [], "Instead of timing: the JSON reports of earlier runs, written as one report.")
 FLAGS = flags.FLAGS
 
 CPU_DEFAULTS = {"shapes": "1x256", "heads": 2, "head_dim": 32}
@@ -35,6 +37,11 @@ CPU_DEFAULTS = {"shapes": "1x256", "heads": 2, "head_dim": 32}
 
 def main(argv):
   del argv
+  if FLAGS.merge:
+    records, meta = merge_reports(FLAGS.merge)
+    paths = write_report(records, meta, FLAGS.out_dir, FLAGS.tag)
+    print("wrote " + ", ".join(paths.values()) + "\n" + format_table(records))
+    return
   if FLAGS.peer:  # torch allocates on the same GPU; JAX must not take 75% of it up front
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   cli.setup(CPU_DEFAULTS)

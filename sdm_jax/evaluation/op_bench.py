@@ -7,6 +7,8 @@ recorded with its error and the sweep goes on.
 """
 
 
+import json
+
 import jax
 import numpy as np
 
@@ -154,6 +156,28 @@ def plot_throughput(records, path):
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def merge_reports(json_paths):
+  """(records, meta) of one report made of bench reports written by separate runs (a sweep split over device
+  calls): every run's records in the given order, meta the first run's with every run's command and the latest
+  date. Each record keeps its own run's numbers (ours and the peer's of one shape always come from one run).
+  Runs on different devices, jax versions or timers raise ValueError: their times are not comparable."""
+  runs = []
+  for path in json_paths:
+    with open(path) as f:
+      runs.append(json.load(f))
+  if not runs:
+    raise ValueError("merge: expected at least one report")
+  for key in ("device", "jax_version", "timer"):
+    seen = sorted({str(run.get(key)) for run in runs})
+    if len(seen) > 1:
+      raise ValueError(f"merge: the reports differ in {key}: {seen}")
+  meta = {key: value for key, value in runs[0].items() if key != "results"}
+  meta["date"] = max(run["date"] for run in runs)
+  meta["command"] = " ; ".join(run["command"] for run in runs)
+  meta["peer"] = {mixer: note for run in runs for mixer, note in run.get("peer", {}).items()}
+  return [record for run in runs for record in run["results"]], meta
 
 
 def write_report(records, meta, out_dir, tag):

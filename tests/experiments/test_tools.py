@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sdm_jax.evaluation import fla_peer
-from sdm_jax.evaluation.op_bench import parse_shapes, run_sweep, write_report
+from sdm_jax.evaluation.op_bench import merge_reports, parse_shapes, run_sweep, write_report
 from sdm_jax.evaluation.op_compare import compare_impls, error_row, format_report
 from sdm_jax.evaluation.op_inputs import MIXERS, make_op_inputs
 from sdm_jax.evaluation import timing
@@ -82,6 +82,21 @@ def test_bench_sweep_records_failures_and_writes_report(tmp_path):
   assert "| gdn2 | chunk | 1x32 |" in markdown and "skipped in the test" in markdown
   with open(paths["png"], "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_reports_joins_runs_and_refuses_other_devices(tmp_path):
+  record = lambda T: {"mixer": "kda", "impl": "pallas", "B": 1, "T": T, "tokens": T, "error": None, "fwd_ms": 1.0,
+                      "fwd_tokens_per_s": T * 1e3, "fwd_bwd_ms": 2.0, "fwd_bwd_tokens_per_s": T * 5e2}
+  meta = lambda date, command, device="H": {"date": date, "device": device, "jax_version": "1", "timer": "t",
+                                            "command": command, "config": {}, "peer": {"kda": "fla"}}
+  first = write_report([record(32)], meta("2026-01-01T00:00", "run a"), str(tmp_path / "a"), "x")["json"]
+  second = write_report([record(64)], meta("2026-01-02T00:00", "run b"), str(tmp_path / "b"), "x")["json"]
+  records, merged = merge_reports([first, second])
+  assert [r["T"] for r in records] == [32, 64]
+  assert merged["command"] == "run a ; run b" and merged["date"] == "2026-01-02T00:00"
+  other = write_report([record(64)], meta("2026-01-03T00:00", "run c", "G"), str(tmp_path / "c"), "x")["json"]
+  with pytest.raises(ValueError, match="device"):
+    merge_reports([first, other])
 
 
 def test_peer_is_skipped_with_a_reason():

@@ -190,15 +190,17 @@ def test_bad_inputs_raise(change, name):
     sparse_delta_rule(**args)
 
 
-def test_backward_memory_does_not_grow_with_t_times_n():
+@pytest.mark.parametrize("impl", ["chunk", "pallas"])
+def test_backward_memory_does_not_grow_with_t_times_n(impl):
   from sdm_jax.evaluation.sdm_memory import compiled_memory
   shape = dict(B=1, H=1, N=4096, V=16, W=4, R=4, chunk_size=16)
-  short, long = (compiled_memory("chunk", T=T, **shape)["temp_bytes"] for T in (64, 256))
+  short, long = (compiled_memory(impl, T=T, **shape)["temp_bytes"] for T in (64, 256))
   table_per_token = shape["N"] * shape["V"] * 4
-  # Saved rows cost T x W x V; a table per chunk would add (256 - 64) / 16 = 12 tables.
+  # Saved rows cost T x W x V; a table per chunk would add (256 - 64) / 16 = 12 tables, one per token 192.
   assert long - short < 2 * table_per_token
   plain = [compiled_memory("scan", T=T, **shape)["temp_bytes"] for T in (64, 256)]
-  assert plain[1] - plain[0] > 50 * (long - short)
+  # Both keep O(T) saved state (impl="pallas" pads W = 4 entries to 16); plain autodiff keeps far more per token.
+  assert plain[1] - plain[0] > 20 * (long - short)
 
 
 def test_no_table_copy_per_chunk():
