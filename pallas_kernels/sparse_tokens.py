@@ -46,9 +46,9 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
 
-  def token(t, carry):
+  def token(t, rows):
+    """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
     k_rows = at_rows(k_idx_ref[t, :])
-    rows = table_ref[k_rows]
     if rows_ref:
       rows_ref[0][t] = rows
     rows = decay_ref[t] * rows
@@ -57,11 +57,14 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     barrier()  # a slot listed twice: every copy is read before any is rewritten
     table_ref[k_rows] = rows + k_slot_ref[t, :][:, None] * d
     barrier()  # the writes land before the reads
-    o = jnp.sum(q_w_ref[t, :][:, None] * table_ref[at_rows(q_idx_ref[t, :])], axis=0, keepdims=True)
+    # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token.
+    read = table_ref[at_rows(q_idx_ref[t, :])]
+    following = table_ref[at_rows(k_idx_ref[jnp.minimum(t + 1, T - 1), :])]
+    o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
-    return carry
+    return following
 
-  jax.lax.fori_loop(0, T, token, 0)
+  jax.lax.fori_loop(0, T, token, table_ref[at_rows(k_idx_ref[0, :])])
 
 
 def _specs(block_v):
@@ -113,6 +116,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
   def token(i, carry):
     t = T - 1 - i
+    found = rows_ref[t]  # loaded first: it depends on nothing the token writes
     # 1. The read of token t, on M_t.
     q_rows = at_rows(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
@@ -123,7 +127,6 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     barrier()
     # 2. The write of token t, from the rows it found.
     k_rows = at_rows(k_idx_ref[t, :])
-    found = rows_ref[t]
     decay, beta = decay_ref[t], beta_ref[t]
     k_w = k_w_ref[t, :][:, None]
     decayed = decay * found
