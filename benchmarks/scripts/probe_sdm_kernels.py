@@ -21,7 +21,7 @@ from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.evaluation.sdm_bench import sdm_inputs
 from sdm_jax.evaluation.timing import timer_name
 from sdm_jax.ops import sparse_delta_rule
-from sdm_jax.ops.sparse_pallas import _forward, _heads, _slot_groups, _summed_within_token
+from sdm_jax.ops.sparse_pallas import _backward_args, _forward, _forward_args
 
 from probe_common import Timer, breakdown
 
@@ -51,17 +51,13 @@ def table(fl):
 
 
 def fwd_args(fl, it):
-  return (table(fl), *(_heads(x) for x in (it["k_idx"], fl["k_w"], _summed_within_token(it["k_idx"], fl["k_w"]),
-                                           jnp.exp(fl["g"]), fl["beta"], fl["v"], it["q_idx"], fl["q_w"])))
+  return (table(fl), *_forward_args(it["k_idx"], fl["k_w"], fl["v"], fl["g"], fl["beta"], it["q_idx"], fl["q_w"]))
 
 
-def bwd_args(fl, it):  # the backward kernel's arguments, o standing in for its cotangent
+def bwd_args(fl, it):  # the backward kernel's arguments, o and the final table standing in for their cotangents
   v = fl["v"].astype(jnp.float32)
   (o, final), res = _forward(table(fl), it["k_idx"], fl["k_w"], v, fl["g"], fl["beta"], it["q_idx"], fl["q_w"], True)
-  _, rows, k_idx, k_w, k_slot, v, g, beta, q_idx, q_w = res
-  k_first = _slot_groups(k_idx)[1].astype(jnp.float32)
-  per_token = (k_idx, k_w, k_slot, k_first, jnp.exp(g), beta, v, q_idx, _summed_within_token(q_idx, q_w))
-  return (final, final, *(_heads(x) for x in per_token), rows, _heads(o))
+  return _backward_args(res, o, final)
 
 
 arg_sets = [jax.block_until_ready(jax.jit(fwd_args)(*s)) for s in sets]

@@ -8,8 +8,6 @@ and a custom_vjp saves the rows each token found before its write (T x W x V per
 kernel, which undoes the writes in reverse.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -48,14 +46,27 @@ def _tokens(x):  # [B, H, T, ...] -> [B, T, H, ...]
   return jnp.moveaxis(x, 1, 2)
 
 
-def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, save):
+def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w):
+  """sparse_tokens_fwd's per-token arguments (after the table), in its [B, H, T, ...] layout."""
   k_slot = _summed_within_token(k_idx, k_w)
-  args = (_heads(k_idx), _heads(k_w), _heads(k_slot), _heads(jnp.exp(g)), _heads(beta), _heads(v), _heads(q_idx),
-          _heads(q_w))
+  return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
+
+
+def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, save):
+  args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
   final, o, *rows = sparse_tokens_fwd(table, *args, save_rows=save, interpret=interpret())
   if not save:
     return (_tokens(o), final), None
-  return (_tokens(o), final), (final, rows[0], k_idx, k_w, k_slot, v, g, beta, q_idx, q_w)
+  return (_tokens(o), final), (final, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w)
+
+
+def _backward_args(residuals, d_o, d_final):
+  """sparse_tokens_bwd's arguments from the forward's residuals and the cotangents of o and the final table."""
+  final, rows, k_idx, k_w, v, g, beta, q_idx, q_w = residuals
+  k_idx_h, k_w_h, k_slot, decay, beta_h, v_h, q_idx_h, _ = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
+  k_first = _heads(_slot_groups(k_idx)[1].astype(jnp.float32))
+  q_slot = _heads(_summed_within_token(q_idx, q_w))
+  return (final, d_final, k_idx_h, k_w_h, k_slot, k_first, decay, beta_h, v_h, q_idx_h, q_slot, rows, _heads(d_o))
 
 
 @jax.custom_vjp
@@ -68,14 +79,10 @@ def _fwd(table, k_idx, k_w, v, g, beta, q_idx, q_w):
 
 
 def _bwd(residuals, cotangents):
-  final, rows, k_idx, k_w, k_slot, v, g, beta, q_idx, q_w = residuals
-  d_o, d_final = cotangents
-  k_first = _slot_groups(k_idx)[1].astype(jnp.float32)
-  q_slot = _summed_within_token(q_idx, q_w)
-  _, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
-      final, d_final, *(_heads(x) for x in (k_idx, k_w, k_slot, k_first, jnp.exp(g), beta, v, q_idx, q_slot)),
-      rows, _heads(d_o), interpret=interpret())
+  _, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*_backward_args(residuals, *cotangents),
+                                                                 interpret=interpret())
   tile_sum = lambda x: _tokens(jnp.sum(x, axis=2))  # the kernel's per value tile partial sums
+  v = residuals[4]
   return (d_table, None, tile_sum(d_k_w), _tokens(d_v).astype(v.dtype), tile_sum(d_g), tile_sum(d_beta), None,
           tile_sum(d_q_w))
 

@@ -49,12 +49,11 @@ def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages):
 def test_value_tiles_give_the_same_result(block_v):
   """Columns are independent: any value tile gives the same forward, bit for bit, in interpret mode."""
   from sdm_jax.evaluation.sdm_bench import sdm_inputs
-  from sdm_jax.ops.sparse_pallas import _heads, _summed_within_token
+  from sdm_jax.ops.sparse_pallas import _forward_args
   T, N, V, W = 24, 64, 64, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 0)
   table = jnp.broadcast_to(fl["m0"], (1, 2, N, V))
-  args = tuple(_heads(x) for x in (it["k_idx"], fl["k_w"], _summed_within_token(it["k_idx"], fl["k_w"]),
-                                   jnp.exp(fl["g"]), fl["beta"], fl["v"], it["q_idx"], fl["q_w"]))
+  args = _forward_args(it["k_idx"], fl["k_w"], fl["v"], fl["g"], fl["beta"], it["q_idx"], fl["q_w"])
   base, tiled = (sparse_tokens_fwd(table, *args, block_v=bv, interpret=True) for bv in (V, block_v))
   for a, b in zip(base, tiled):
     assert jnp.array_equal(a, b)
