@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl grain==0.2.18 array-record portpicker ml-collections==1.1.0 fla-core==0.6.0
 # Then, with the device tool: command "bash benchmarks/run_h200.sh [steps]", carry [".whl"].
-# steps: any of probe prep ops scan ncu baseline kernels bench sdm sdm_probe train mqar_small (default: kernels bench sdm
+# steps: any of probe forward prep ops scan ncu baseline kernels bench sdm sdm_probe train mqar_small (default: kernels bench sdm
 # train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -60,6 +60,8 @@ for step in $steps; do
       run ${PROBE_LIMIT:-400} env CHUNKS=${CHUNKS:-64} FWD=${FWD:-32:4:64:4} BWD=${BWD:-32:4:32:4} STATE_BLOCKS=${STATE_BLOCKS:-32} STATE_STAGES=${STATE_STAGES:-auto} python3 benchmarks/scripts/probe_kernels.py ${PROBE_SHAPE:-4,4096,16} ;;
     ops)  # our op and fla's, kernel by kernel, in one process (probe_ops.py)
       run ${OPS_LIMIT:-300} env OPS_CHUNK=${OPS_CHUNK:-64} python3 benchmarks/scripts/probe_ops.py ${OPS_MIXERS:-gdn2,kda} ${OPS_SHAPE:-4x4096} ;;
+    forward)  # the forward's state pass over launch settings and gram_solve with parts taken out (probe_forward.py)
+      run ${FORWARD_LIMIT:-300} python3 benchmarks/scripts/probe_forward.py ${FORWARD_SHAPES:-2,8192,16 1,16384,16 4,4096,16} ;;
     prep)  # the launches in front of the chunk kernels (mixer_inputs, chunk_cumsum) alone, over launch settings
       run ${PREP_LIMIT:-200} python3 benchmarks/scripts/probe_prep.py ${PROBE_SHAPE:-4,4096,16} ;;
     scan)  # every impl against scan on the GPU at a shorter T that is not a whole number of chunks (19 of 64)

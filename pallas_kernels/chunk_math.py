@@ -208,16 +208,17 @@ def decayed_grams_bwd(pairs, y, G, precision, rows, sub=SUB_BLOCK):
 def unit_lower_inverse(T, dots):
   """(I + T)^-1 for a strictly lower T [C, C], exact to fp32.
 
-  The diagonal blocks are merged level by level (2, 4, ..., C) in one-pass TF32: with A the inverse
-  of the block diagonal of size b/2, the b-blocks are A - A (T on the level's pairs) A, the exact
-  block inverse [[A11, 0], [-A22 T21 A11, A22]] (no powers of T, so no growth to cancel). One Newton
-  step in near-fp32 then squares the relative error E = I - (I + T) A (TF32 leaves ~1e-4):
-  A <- A + A E, so I - (I + T) A becomes E^2.
+  The diagonal blocks are merged level by level (2, 4, ..., C): with A the inverse of the block
+  diagonal of size b/2, the b-blocks are A - A (T on the level's pairs) A, the exact block inverse
+  [[A11, 0], [-A22 T21 A11, A22]] (no powers of T, so no growth to cancel). The 2-blocks are I - T
+  there, exactly, without a dot; the larger levels are one-pass TF32. One Newton step in near-fp32
+  then squares the relative error E = I - (I + T) A (TF32 leaves ~1e-4): A <- A + A E, so
+  I - (I + T) A becomes E^2.
   """
   C = T.shape[0]
   eye = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32)
-  A = eye
-  for b in reversed(block_sizes(C)):
+  A = eye - jnp.where(pair_mask(C, 2), T, 0.0)
+  for b in reversed(block_sizes(C, 2)):
     A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, dots.tf32), dots.tf32)
   residual = eye - A - dot(T, A, dots.near)
   return A + dot(A, residual, dots.near)

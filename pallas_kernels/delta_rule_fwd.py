@@ -287,11 +287,18 @@ def state_stages(chunk_size, K, block_v, itemsize, num_stages=None, shared_memor
   return num_stages
 
 
-def state_block_v(B, H, V, block_v=None):
-  """Value columns per program of the state passes (grid B x H x V / block_v): 32, or 16 when that leaves
-  fewer than 256 programs (B = 1 or 2 at H = 16, V = 128) so the sequential passes fill more of the GPU."""
+def state_block_v(B, H, V, block_v=None, programs=128):
+  """Value columns per program of the state passes (grid B x H x V / block_v): the widest of 64, 32, 16 that
+  leaves at least `programs` programs (else 16). Every program of a head reads that head's whole [C, K] tiles, so
+  narrow tiles cost reads; wide ones leave SMs idle.
+
+  On the H200 (K = V = 128, H 16, bf16, chunk 32, 4 warps; 2026-11-30, benchmarks/2026-11-30_h200_session12.md),
+  ms at block_v 16 / 32 / 64 (the rule's pick marked *):
+  state_pass:  B 4 T 4096 0.499 / 0.254 / 0.206*, B 2 T 8192 0.397 / 0.365* / 0.419, B 1 T 16384 0.644* / 0.720
+  / 0.831; state_pass_bwd: B 8 T 2048 0.592 / 0.400 / 0.293*, B 4 T 4096 0.550 / 0.367 / 0.369*, B 2 T 8192
+  0.548 / 0.512* / 0.653, B 1 T 16384 0.782* / 0.933 / 1.325, B 1 T 32768 1.561* / 1.878 / 2.638."""
   if block_v is None:
-    block_v = 32 if B * H * (V // 32) >= 256 else 16
+    block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= programs), 16)
   return min(block_v, V)
 
 
