@@ -4,7 +4,9 @@ Four launches:
   chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
-              exponent <= 0).
+              exponent <= 0; a decay shared by all channels, GDN's, needs only plain dots times one
+              [C, C] decay matrix: GDN's op forward 0.927 -> 0.701 ms at B 4, T 4096, H 16 on the H200,
+              benchmarks/2026-11-30_h200_session12.md).
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
@@ -79,9 +81,10 @@ def norms(form, q_ref, k_ref, width):
   return (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
 
 
-def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, interpret):
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, interpret):
   """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time. The pairs inside sub-blocks
-  are summed over the key blocks as [C, sub_block] and placed once at the end."""
+  are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: every channel
+  of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix."""
   *arrays, a_ref, aqk_ref = refs
   dots = cm.precisions(aqk_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -89,6 +92,9 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, i
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
   q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
+  if scalar_decay:
+    _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, kb, dots)
+    return
 
   def gram_block(i, acc):
     keys = pl.ds(i * kb, kb)
@@ -106,6 +112,26 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, i
   D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
   a_ref[...] = cm.unit_lower_inverse(cm.place_blocks(D_T) + M_T, dots)
   aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(aqk_ref.dtype)
+
+
+def _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, kb, dots):
+  """gram_solve for a decay shared by all channels: T = (e u^T) * D and A_qk = (q u^T) * D with
+  D[r, c] = exp(G_r - G_c), taken only on c <= r (masked before exp, so every exponent is <= 0)."""
+  C, K = q_ref.shape
+
+  def gram_block(i, acc):
+    keys = pl.ds(i * kb, kb)
+    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
+    u_t = u.T
+    return acc[0] + cm.dot(e, u_t, dots.io), acc[1] + cm.dot(columns(q_ref, i, kb) * q_scale, u_t, dots.io)
+
+  square = jnp.zeros((C, C), jnp.float32)
+  e_u, q_u = jax.lax.fori_loop(0, K // kb, gram_block, (square, square))
+  G = G_ref[:, 0]
+  r, c = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  D = jnp.exp(jnp.where(c <= r, G[:, None] - G[None, :], 0.0))
+  a_ref[...] = cm.unit_lower_inverse(jnp.where(c < r, e_u * D, 0.0), dots)
+  aqk_ref[...] = jnp.where(c <= r, q_u * D, 0.0).astype(aqk_ref.dtype)
 
 
 def _solved_kernel(a_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, interpret):
@@ -197,10 +223,11 @@ def chunk_row_spec(K):
 
 @functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "key_block",
                                              "sub_block", "num_warps", "solve_key_block", "solve_value_block",
-                                             "solve_warps", "num_stages", "solve_stages", "interpret"))
+                                             "solve_warps", "num_stages", "solve_stages", "scalar_decay",
+                                             "interpret"))
 def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, key_block=None,
                 sub_block=cm.SUB_BLOCK, num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK,
-                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, interpret=False):
+                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, scalar_decay=False, interpret=False):
   """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
   Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C], q~ = scale * q * exp(G),
   u~ = u * exp(G_C - G) [B, T, H, K] (all in io_dtype, by default that of arrays[1]), exp(G_C) [B, N, H, K] fp32,
@@ -208,7 +235,8 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
 
   Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
   A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
-  solve_stages: Triton pipelining stages of their channel-block loops."""
+  solve_stages: Triton pipelining stages of their channel-block loops. scalar_decay: g is the same in every
+  channel (GDN, broadcast), so gram_solve forms the grams as plain dots times one decay matrix."""
   default = forward_settings(chunk_size)
   key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
   io_dtype = jnp.dtype(io_dtype or arrays[1].dtype)
@@ -221,7 +249,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
   A, aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=key_block, sub_block=sub_block,
-                        interpret=interpret),
+                        scalar_decay=scalar_decay, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(num_warps, num_stages), interpret=interpret,

@@ -50,9 +50,10 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
     check_shape("initial_state", initial_state, STATE, dims)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   io_dtype = z.dtype if io_dtype is None else io_dtype
+  scalar_decay = g.ndim == 3
   g, scale, state = _rule_options(q, z, g, scale, initial_state, acc)
   if impl == "pallas":
-    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype)
+    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, scalar_decay)
     return o.astype(acc), final_state.astype(acc)
   q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   if impl == "scan":
@@ -82,9 +83,10 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if impl == "pallas":
     kinds = ("key", "value") + tuple(KINDS[names] for _, names in list(gates.values())[1:])
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
+    scalar_decay = g.ndim == 3
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
     o, final_state = delta_rule_pallas(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
-                                       chunk_size, v.dtype)
+                                       chunk_size, v.dtype, scalar_decay)
     return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
   acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
   q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)

@@ -47,7 +47,7 @@ def interpret():
   return jax.default_backend() != "gpu"
 
 
-def _forward(form, io_dtype, q, arrays, g, state, scale, chunk_size, save):
+def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_size, save):
   """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's residuals (then
   the arrays must be the formed (u, z, e))."""
   B, T, H, K = q.shape
@@ -59,7 +59,7 @@ def _forward(form, io_dtype, q, arrays, g, state, scale, chunk_size, save):
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, **kw)
   y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save,
-                                                   scale=scale, **kw)
+                                                   scalar_decay=scalar_decay, scale=scale, **kw)
   o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
   if not save:
@@ -68,10 +68,10 @@ def _forward(form, io_dtype, q, arrays, g, state, scale, chunk_size, save):
   return out, (q, u, e, z, G, y, aqk, qd, ud, decay, inverse[0], *saved)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _delta_rule_pallas(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come.
-  return _forward(form, io_dtype, q, (k, v, *gates), g, state, scale, chunk_size, save=False)[0]
+  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, scale, chunk_size, save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -82,9 +82,9 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state):
+def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state):
   q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
-  out, saved = _forward(FORMED, io_dtype, q_, (u, z, e), g, state, scale, chunk_size, save=True)
+  out, saved = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, scale, chunk_size, save=True)
   return out, (saved, (q, k, v, gates), q.shape, v.shape[-1])
 
 
@@ -92,7 +92,8 @@ def _reference(form, io_dtype, q, k, v, gates):
   return reference_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates)
 
 
-def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
+def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents):
+  del scalar_decay  # the backward kernels take the decay per channel
   (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), inputs, (B, T, H, K), V = residuals
   d_o, d_final = cotangents
   Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
@@ -111,13 +112,14 @@ def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
-def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype):
+def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
-  g and the state travel in fp32. Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
+  g [B, T, H, K] and the state travel in fp32; scalar_decay: g is one decay per head broadcast over K (GDN), which
+  the forward's grams use. Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
                      f"shared memory than a GPU program has; impl='chunk' takes any power of two), got {chunk_size}")
-  return _delta_rule_pallas(form, jnp.dtype(io_dtype), scale, chunk_size, q, k, v, tuple(gates),
+  return _delta_rule_pallas(form, jnp.dtype(io_dtype), bool(scalar_decay), scale, chunk_size, q, k, v, tuple(gates),
                             g.astype(jnp.float32), initial_state.astype(jnp.float32))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.delta_rule_fwd import chunk_cumsum, delta_rule_fwd
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, delta_rule_fwd, intra_chunk
 from sdm_jax.ops import l2norm
 from sdm_jax.ops.scan import delta_rule_scan
 
@@ -67,3 +67,32 @@ def test_chunk_cumsum_restarts_every_chunk():
   G = np.asarray(chunk_cumsum(jnp.asarray(g), 16, interpret=True))
   ref = np.cumsum(g.reshape(2, 3, 16, 3, 16).astype(np.float64), axis=2).reshape(g.shape)
   np.testing.assert_allclose(G, ref, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("decay,gate,chunk_size", [(0.05, "rand", 32), (30.0, "rand", 16), (1.0, "zero", 64)])
+def test_scalar_decay_grams_match_the_per_channel_ones(decay, gate, chunk_size):
+  """gram_solve's scalar-decay path (GDN: one g per head, broadcast over K) gives the per-channel path's A, A_qk
+  and the rest, also with g down to -30 per step."""
+  B, H, K, V, C = 1, 2, 32, 16, chunk_size
+  T = 2 * C
+  q, u, e, z, g, _ = _inputs(5, B, T, H, K, V, decay, gate)
+  g = np.broadcast_to(g[..., :1], g.shape)
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  q, u, e, z, G = f32(q), f32(u), f32(e), f32(z), chunk_cumsum(f32(g), C, True)
+  kw = dict(scale=K**-0.5, chunk_size=C, save_inverse=True, interpret=True)
+  scalar = intra_chunk(q, (u, z, e), G, scalar_decay=True, **kw)
+  channels = intra_chunk(q, (u, z, e), G, **kw)
+  for name, a, b in zip(("Y", "U", "A_qk", "q~", "u~", "exp(G_C)", "A"), scalar, channels):
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.all(np.isfinite(a)), name
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * max(np.max(np.abs(b)), 1e-30), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_scalar_decay_lowers_for_cuda(dtype):
+  B, T, H, K, V = 1, 64, 2, 128, 64
+  spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
+  args = (spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, K, d=jnp.float32))
+  text = lower_for_h200(lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, scale=0.1, chunk_size=32,
+                                                          scalar_decay=True), *args)
+  assert text.count(TRITON_CALL) == 2
