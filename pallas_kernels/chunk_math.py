@@ -217,11 +217,18 @@ def unit_lower_inverse(T, dots):
   """
   C = T.shape[0]
   eye = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32)
-  A = eye - jnp.where(pair_mask(C, 2), T, 0.0)
-  for b in reversed(block_sizes(C, 2)):
-    A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, dots.tf32), dots.tf32)
+  A = level_inverse(T, dots)
   residual = eye - A - dot(T, A, dots.near)
   return A + dot(A, residual, dots.near)
+
+
+def level_inverse(T, dots):
+  """The level merges of `unit_lower_inverse` without its Newton step: (I + T)^-1 to TF32 accuracy."""
+  C = T.shape[0]
+  A = (iota((C, C), 0) == iota((C, C), 1)).astype(jnp.float32) - jnp.where(pair_mask(C, 2), T, 0.0)
+  for b in reversed(block_sizes(C, 2)):
+    A = A - dot(A, dot(jnp.where(pair_mask(C, b), T, 0.0), A, dots.tf32), dots.tf32)
+  return A
 
 
 def lower_ones(C, strict, loop_index=0):

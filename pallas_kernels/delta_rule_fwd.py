@@ -88,13 +88,14 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
   *arrays, a_ref, aqk_ref = refs
   dots = cm.precisions(aqk_ref.dtype, interpret)
   C, K = q_ref.shape
-  kb, sub = min(key_block, K), min(sub_block, C)
-  eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
+  kb = min(key_block, K)
   q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
   if scalar_decay:
     _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, kb, dots)
     return
+  sub = min(sub_block, C)
+  eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
   def gram_block(i, acc):
     keys = pl.ds(i * kb, kb)
