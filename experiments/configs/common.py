@@ -16,12 +16,12 @@ VARIANTS = MIXERS + tuple(HYBRIDS)
 
 
 def model_config(variant, vocab_size, *, num_layers=2, width=128, num_heads=2, head_dim=64):
-  """The model of `variant` (a mixer name or a hybrid name), impl "chunk"."""
+  """The model of `variant` (a mixer name or a hybrid name), impl "auto" ("pallas" on a GPU, else "chunk")."""
   model = default_model_config()
   model.vocab_size = vocab_size
   model.num_layers, model.width, model.num_heads = num_layers, width, num_heads
   model.head_dim = model.value_dim = head_dim
-  model.impl = "chunk"
+  model.impl = model.sdm_impl = "auto"
   if variant in MIXERS:
     model.mixer, model.pattern = variant, "D"
   elif variant in HYBRIDS:

@@ -4,7 +4,7 @@
     o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(W x))
 
 with q and k L2-normalised inside the op. Which op runs, and how, is the op's business: the layer
-passes `impl` and `chunk_size` through, and its parameters do not depend on them.
+passes `impl` (default "auto": the op picks) and `chunk_size` through, and its parameters do not depend on them.
 """
 
 import dataclasses
@@ -29,11 +29,14 @@ class Variant:
   decay: str  # "head": a scalar per head; "key": one per key channel
   gates: tuple  # (op argument, "head" | "key" | "value"): each gate is sigmoid(Linear(width -> H * size))
   output_gate: str  # activation of the output gate: "silu" or "sigmoid"
+  # The output gate's f: a full Linear(width -> H * V), or with a rank, width -> rank -> H * V plus a bias
+  # (KDA: Kimi Linear's low-rank output gate, rank = the head's value width, as fla's KDA layer builds it).
+  output_gate_rank: str | None = None  # None or "value": rank V
 
 
 VARIANTS = {
     "gdn": Variant("gated_delta_rule", "head", (("beta", "head"),), "silu"),
-    "kda": Variant("kda", "key", (("beta", "head"),), "sigmoid"),
+    "kda": Variant("kda", "key", (("beta", "head"),), "sigmoid", output_gate_rank="value"),
     "fg2_gdn": Variant("fg2_gdn", "key", (("beta", "key"),), "sigmoid"),
     "fg2_gdn_plus": Variant("fg2_gdn_plus", "key", (("beta_k", "key"), ("beta_v", "value")), "sigmoid"),
     "gdn2": Variant("gdn2", "key", (("b", "key"), ("w", "value")), "silu"),
@@ -47,7 +50,7 @@ class DeltaMixer(RecurrentMixer):
   x: [B, T, width] -> [B, T, width]; H = num_heads, K = head_dim (keys), V = value_dim (values per head).
   """
 
-  def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, impl="chunk", chunk_size=64,
+  def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, impl="auto", chunk_size=64,
                conv_size=4, dtype=jnp.float32, rngs):
     if mixer not in VARIANTS:
       raise ValueError(f"mixer: expected one of {tuple(VARIANTS)}, got {mixer!r}")
@@ -68,7 +71,12 @@ class DeltaMixer(RecurrentMixer):
     for name, shape in variant.gates:
       setattr(self, f"{name}_proj", linear(width, H * size[shape]))
     self.o_norm = RMSNorm(V)
-    self.out_gate_proj = linear(width, H * V)
+    if variant.output_gate_rank is None:
+      self.out_gate_proj = linear(width, H * V)
+    else:
+      self.out_gate_proj = nnx.Sequential(
+          linear(width, size[variant.output_gate_rank]),
+          nnx.Linear(size[variant.output_gate_rank], H * V, use_bias=True, dtype=dtype, rngs=rngs))
     self.o_proj = linear(H * V, width)
     self.mixer, self.variant = mixer, variant
     self.num_heads, self.head_dim, self.value_dim = H, K, V

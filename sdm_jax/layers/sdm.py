@@ -29,7 +29,7 @@ class SparseDeltaMemory(RecurrentMixer):
   key_dim = the width of each sub-key (and of each query half), V = value_dim per head.
   """
 
-  def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="chunk",
+  def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
                chunk_size=16, dtype=jnp.float32, rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:

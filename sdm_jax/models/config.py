@@ -10,7 +10,10 @@ def default_config():
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
   impl / chunk_size select how the dense mixers run, sdm_impl / sdm_chunk_size how the SDM runs
-  ("pallas": a Pallas kernel for the row work, chunk_size 16-64); none of them changes the parameters. sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row work,
+  chunk_size 16-64); none of them changes the parameters.
+  remat: what each block saves for the backward ("none", "block", "dots"; `lm.REMAT_POLICIES`), which changes
+  memory and speed, not results. sdm_key_dim is the width of each sub-key (each half of an SDM query).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256
@@ -21,7 +24,7 @@ def default_config():
   c.value_dim = 32
   c.mixer = "gdn2"
   c.pattern = "D"
-  c.impl = "chunk"
+  c.impl = "auto"
   c.chunk_size = 64
   c.window = 64
   c.mlp_ratio = 4.0
@@ -31,7 +34,8 @@ def default_config():
   c.sdm_topk_read = 8
   c.sdm_value_dim = 32
   c.sdm_key_dim = 16
-  c.sdm_impl = "chunk"
+  c.sdm_impl = "auto"
   c.sdm_chunk_size = 16
   c.dtype = "float32"
+  c.remat = "none"
   return c

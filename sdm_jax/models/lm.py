@@ -1,6 +1,7 @@
 """The language model: token embedding, a stack of pre-norm blocks named by a pattern string, RMSNorm, head;
 prefill and step for recurrent decoding, whose recurrent layers keep a cache that does not grow with the sequence."""
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -9,6 +10,12 @@ from sdm_jax.models.generate import generate
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# What each block keeps for its backward (jax.checkpoint policies; none of them changes the result):
+# "none" keeps everything, "block" only the block's input (the backward runs the block again), "dots" the
+# outputs of the matmuls without batch dimensions (the projections and the MLP) and recomputes the rest,
+# the mixer ops included.
+REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 def layer_letters(pattern, num_layers):
@@ -41,6 +48,9 @@ class LanguageModel(nnx.Module):
     if config.dtype not in DTYPES:
       raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {config.dtype!r}")
     dtype = DTYPES[config.dtype]
+    remat = config.get("remat", "none")  # configs saved before the field existed
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"remat: expected one of {tuple(REMAT_POLICIES)}, got {remat!r}")
     width = config.width
     self.embed = nnx.Embed(config.vocab_size, width, dtype=dtype, rngs=rngs)
     self.blocks = nnx.List([
@@ -50,12 +60,21 @@ class LanguageModel(nnx.Module):
     self.final_norm = RMSNorm(width)
     self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype,
                            preferred_element_type=jnp.float32, rngs=rngs)
+    self.remat = remat
 
   def __call__(self, tokens):
+    return self.head(self.features(tokens)).astype(jnp.float32)
+
+  def features(self, tokens):
+    """tokens: [B, T] -> the final norm's output [B, T, width], what the head maps to logits (the training
+    loss scores it chunk by chunk, `training.steps.token_scores`)."""
     x = self.embed(tokens)
+    run = lambda block, x: block(x)
+    if self.remat != "none":
+      run = nnx.remat(run, policy=REMAT_POLICIES[self.remat])
     for block in self.blocks:
-      x = block(x)
-    return self.logits(x)
+      x = run(block, x)
+    return self.final_norm(x)
 
   def logits(self, x):
     return self.head(self.final_norm(x)).astype(jnp.float32)

@@ -32,16 +32,17 @@ def _rule_options(q, z, g, scale, initial_state, acc):
   return g.astype(acc), scale, state.astype(acc)
 
 
-def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="chunk", chunk_size=64,
+def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="auto", chunk_size=64,
                            io_dtype=None):
   """Runs the generalized rule on already-formed keys and values.
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
   initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
+  impl: "auto" ("pallas" on a GPU, else "chunk"), "scan", "chunk" or "pallas".
   io_dtype: the dtype q, u, e, z are stored in for impl="pallas" (default: that of z).
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
-  check_options(impl, chunk_size)
+  impl = check_options(impl, chunk_size)
   dims = {}
   for name, x, names in (("q", q, KEY), ("u", u, KEY), ("e", e, KEY), ("z", z, VALUE)):
     check_shape(name, x, names, dims)
@@ -68,9 +69,10 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   gates: ordered {name: (array, dimension names)}, the log decay g first. impl="pallas" hands build to its
   kernels (`pallas.delta_rule_pallas`, io in v's dtype); the others form q, u, e, z by XLA in the accumulation
   dtype.
+  impl "auto" is resolved here, once ("pallas" on a GPU, else "chunk").
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
-  check_options(impl, chunk_size)
+  impl = check_options(impl, chunk_size)
   dims = {}
   check_shape("q", q, KEY, dims)
   check_shape("k", k, KEY, dims)

@@ -2,8 +2,8 @@
 
 Shared signature: q, k [B, T, H, K]; v [B, T, H, V]; g the natural-log decay (<= 0); gates in
 [0, 1]; a mixer's build takes k, v and the gates other than g. Keyword options: scale (default K**-0.5),
-initial_state [B, H, K, V], output_final_state, use_qk_l2norm, impl in {"scan", "chunk", "pallas"}, chunk_size
-(a power of two).
+initial_state [B, H, K, V], output_final_state, use_qk_l2norm, impl in {"auto", "scan", "chunk", "pallas"} (default
+"auto": "pallas" on a GPU, "chunk" elsewhere), chunk_size (a power of two).
 Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] fp32, or None).
 """
 
@@ -33,7 +33,7 @@ def _sqrt_gate_jvp(primals, tangents):
 def _options(fn):
   @functools.wraps(fn)
   def wrapped(*args, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm=False,
-              impl="chunk", chunk_size=64, **arrays):
+              impl="auto", chunk_size=64, **arrays):
     build, q, k, v, gates = fn(*args, **arrays)
     return run_mixer(build, q, k, v, gates, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, impl=impl,

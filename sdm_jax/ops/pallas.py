@@ -3,8 +3,9 @@
 Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Without gradients the
 kernels form u, e, z from the mixer's k, v and gates (`mixer_inputs.Form`). For gradients, a custom_vjp: the
 forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.delta_rule_bwd` (state_pass_bwd,
-then intra_chunk_bwd) the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads), Y, A_qk, the
-chunk decays q~, u~, exp(G_C), the fp32 inverse A, the fp32 state entering every chunk and R = U - Y S; the
+then intra_chunk_bwd) the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads), Y, U, A_qk, the
+chunk decays q~, u~, exp(G_C), the fp32 inverse A and the initial state; the backward runs the state pass again
+for the fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the
 gradients then go through the forming of q, u, e, z by autodiff of `mixer_inputs.reference_inputs`.
 """
 
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
 from pallas_kernels.mixer_inputs import FORMED, mixer_inputs, reference_inputs
+from sdm_jax.ops.validation import on_gpu
 
 # Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
 # (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
@@ -44,7 +46,7 @@ def _pad_state(s, K, V):
 
 
 def interpret():
-  return jax.default_backend() != "gpu"
+  return not on_gpu()
 
 
 def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_size, save):
@@ -60,12 +62,13 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_siz
   G = chunk_cumsum(g, **kw)
   y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save,
                                                    scalar_decay=scalar_decay, scale=scale, **kw)
-  o, final_state, *saved = state_pass(qd, ud, decay, y, w, aqk, _pad_state(state, Kp, Vp), save_states=save, **kw)
+  state = _pad_state(state, Kp, Vp)
+  o, final_state = state_pass(qd, ud, decay, y, w, aqk, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
   if not save:
     return out, None
   u, z, e = arrays
-  return out, (q, u, e, z, G, y, aqk, qd, ud, decay, inverse[0], *saved)
+  return out, (q, u, e, z, G, y, w, aqk, qd, ud, decay, inverse[0], state)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
@@ -94,10 +97,13 @@ def _reference(form, io_dtype, q, k, v, gates):
 
 def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents):
   del scalar_decay  # the backward kernels take the decay per channel
-  (q, u, e, z, G, y, aqk, qd, ud, decay, inverse, states, r), inputs, (B, T, H, K), V = residuals
+  (q, u, e, z, G, y, w, aqk, qd, ud, decay, inverse, state), inputs, (B, T, H, K), V = residuals
   d_o, d_final = cotangents
   Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
   kw = dict(chunk_size=chunk_size, interpret=interpret())
+  # The states entering each chunk ([B, H, T/C, K, V] fp32, 512 MiB per layer at B 4, T 4096, H 16, C 32) and
+  # R are formed again here rather than saved: one more state pass, whose forward then writes neither.
+  _, _, states, r = state_pass(qd, ud, decay, y, w, aqk, state, save_states=True, **kw)
   d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o,
                                           _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)

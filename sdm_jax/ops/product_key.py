@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import product_key as product_key_kernel
 from pallas_kernels.product_key import candidate_rank_pairs
-from sdm_jax.ops.validation import check_float, check_shape
+from sdm_jax.ops.validation import check_float, check_shape, on_gpu, resolve_impl
 
 
 def _check(s1, s2, k):
@@ -73,7 +73,7 @@ def product_key_topk(s1, s2, k):
 ADDRESS_IMPLS = ("xla", "pallas")
 
 
-def product_key_address(x1, x2, c1, c2, k, *, impl="xla"):
+def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
   """Product-key addressing: the k slots a * n + b with the largest scores x1 . c1[a] + x2 . c2[b].
 
   x1, x2: [B, T, H, D] query halves; c1, c2: [H, n, D] the head's sub-key tables (N = n * n slots).
@@ -81,9 +81,9 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="xla"):
   Returns (idx [B, T, H, k] int32, best first; weights [B, T, H, k] float32, the softmax of the
   selected scores). Sub-key scores are float32: products in the promoted dtype of x1 and c1,
   accumulated in float32. Ties follow product_key_topk.
-  impl: "xla" (einsum + product_key_topk) or "pallas" (the fused kernel; interpret mode off the
-  GPU). Both give the same idx for the same scores and the same gradients: weights are
-  differentiable in x1, x2, c1 and c2, idx carries none.
+  impl: "auto" (the default: "pallas" on a GPU, else "xla"), "xla" (einsum + product_key_topk) or
+  "pallas" (the fused kernel; interpret mode off the GPU). Both give the same idx for the same scores
+  and the same gradients: weights are differentiable in x1, x2, c1 and c2, idx carries none.
   """
   dims = {}
   check_shape("x1", x1, ("B", "T", "H", "D"), dims)
@@ -95,8 +95,7 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="xla"):
   if c2.dtype != c1.dtype:
     raise ValueError(f"c2: expected the dtype of c1, {c1.dtype}, got {c2.dtype}")
   k = _check_k(k, dims["n"])
-  if impl not in ADDRESS_IMPLS:
-    raise ValueError(f"impl: expected one of {ADDRESS_IMPLS}, got {impl!r}")
+  impl = resolve_impl(impl, ADDRESS_IMPLS, fallback="xla")
   if impl == "pallas":
     dtype = jnp.promote_types(x1.dtype, c1.dtype)
     if dtype == jnp.float64:
@@ -118,7 +117,7 @@ def _subkey_scores(x, c):
 def _address_pallas(x1, x2, c1, c2, k):
   B, T, H, D = x1.shape
   idx, weights, _ = product_key_kernel.product_key_address(
-      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, interpret=jax.default_backend() != "gpu")
+      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, interpret=not on_gpu())
   return idx.reshape(B, T, H, k), weights.reshape(B, T, H, k)
 
 

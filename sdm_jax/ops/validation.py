@@ -1,8 +1,25 @@
 """Input checks shared by every op: shapes, dtypes and options, with messages that say what was expected."""
 
+import jax
 import jax.numpy as jnp
 
 IMPLS = ("scan", "chunk", "pallas")
+AUTO = "auto"  # every op's default: "pallas" on a GPU, its XLA impl elsewhere (see resolve_impl)
+
+
+def on_gpu():
+  """The one backend check: whether jax's default backend is a GPU."""
+  return jax.default_backend() == "gpu"
+
+
+def resolve_impl(impl, impls=IMPLS, fallback="chunk"):
+  """The impl that runs: "auto" becomes "pallas" on a GPU and `fallback` elsewhere; any other name must be in
+  `impls` (ValueError otherwise). Called once per op, at trace time."""
+  if impl == AUTO:
+    return "pallas" if on_gpu() else fallback
+  if impl not in impls:
+    raise ValueError(f"impl: expected one of {(AUTO, *impls)}, got {impl!r}")
+  return impl
 
 
 def _fmt(names, dims):
@@ -27,7 +44,8 @@ def check_shape(name, x, names, dims):
 
 
 def check_options(impl, chunk_size):
-  if impl not in IMPLS:
-    raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+  """Checks the options of a recurrence op; returns the impl that runs (`resolve_impl`)."""
+  impl = resolve_impl(impl)
   if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
     raise ValueError(f"chunk_size: expected a power of two (16, 32, 64, 128), got {chunk_size!r}")
+  return impl

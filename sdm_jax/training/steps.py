@@ -1,18 +1,51 @@
-"""The jitted train and eval steps: masked next-token cross-entropy and accuracy."""
+"""The train and eval steps: masked next-token cross-entropy scored over chunks of tokens, so the fp32
+[B, T, vocab] logits never exist at once, and a train step that is one jitted pure function of the model's
+and optimizer's arrays, which it donates."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+# Tokens scored per chunk: 4,096 x 32,000 fp32 logits are 0.5 GB, and a chunk that size keeps the head matmul
+# large enough to run at full rate.
+LOSS_CHUNK_TOKENS = 4096
 
-def masked_cross_entropy(logits, targets, mask):
-  """logits [B, T, vocab]; targets [B, T] int; mask [B, T]. Returns (mean loss, metrics dict)."""
-  logits = logits.astype(jnp.float32)
-  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+
+def token_scores(features, kernel, targets, chunk_tokens=LOSS_CHUNK_TOKENS):
+  """features [B, T, D] (the final norm's output), kernel [D, vocab] (the head), targets [B, T] int ->
+  (nll [B, T] fp32, correct [B, T] bool: the argmax is the target).
+
+  The logits of chunk_tokens tokens at a time are formed, reduced and dropped; the backward forms them again
+  (jax.checkpoint), so the loss's memory is one chunk's logits whatever B x T is.
+  """
+  if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+    raise ValueError(f"chunk_tokens: expected a positive number of tokens, got {chunk_tokens!r}")
+  B, T, D = features.shape
+  n = B * T
+  chunk = min(chunk_tokens, n)
+  pad = -n % chunk
+  flat_features = jnp.pad(features.reshape(n, D), ((0, pad), (0, 0))).reshape(-1, chunk, D)
+  flat_targets = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
+  kernel = kernel.astype(features.dtype)
+
+  @jax.checkpoint
+  def score(chunk_features, chunk_targets):
+    logits = jnp.dot(chunk_features, kernel, preferred_element_type=jnp.float32)
+    target_logit = jnp.take_along_axis(logits, chunk_targets[:, None], axis=-1)[:, 0]
+    return jax.nn.logsumexp(logits, axis=-1) - target_logit, jnp.argmax(logits, axis=-1) == chunk_targets
+
+  nll, correct = jax.lax.map(lambda args: score(*args), (flat_features, flat_targets))
+  unflat = lambda x: x.reshape(-1)[:n].reshape(B, T)
+  return unflat(nll), unflat(correct)
+
+
+def masked_metrics(nll, correct, mask):
+  """nll [B, T], correct [B, T] bool, mask [B, T] -> (mean loss over the mask, metrics dict)."""
   count = jnp.maximum(jnp.sum(mask), 1.0)
   loss = jnp.sum(nll * mask) / count
-  correct = jnp.argmax(logits, -1) == targets
   accuracy = jnp.sum(correct * mask) / count
   # Exact match: a sequence counts only if every scored token is right (RULER's scoring).
   scored = jnp.any(mask > 0, axis=-1)
@@ -22,16 +55,69 @@ def masked_cross_entropy(logits, targets, mask):
                 "sequences": sequences}
 
 
-@nnx.jit
-def train_step(model, optimizer, batch):
-  def loss_fn(model):
-    return masked_cross_entropy(model(batch["inputs"]), batch["targets"], batch["mask"])
+def masked_cross_entropy(logits, targets, mask):
+  """The same metrics from whole logits [B, T, vocab] (the plain form `token_scores` is held to)."""
+  logits = logits.astype(jnp.float32)
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  return masked_metrics(nll, jnp.argmax(logits, -1) == targets, mask)
 
-  (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+
+def loss_fn(model, batch, chunk_tokens=LOSS_CHUNK_TOKENS):
+  """The model's masked next-token loss on batch {"inputs", "targets", "mask"}; returns (loss, metrics)."""
+  nll, correct = token_scores(model.features(batch["inputs"]), model.head.kernel[...], batch["targets"],
+                              chunk_tokens)
+  return masked_metrics(nll, correct, batch["mask"])
+
+
+def _train_step(graphdef, chunk_tokens, state, batch):
+  model, optimizer = nnx.merge(graphdef, state)
+  (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, chunk_tokens)
   optimizer.update(model, grads)
-  return {**metrics, "grad_norm": optax.tree.norm(grads)}
+  return nnx.state((model, optimizer)), {**metrics, "grad_norm": optax.tree.norm(grads)}
 
 
-@nnx.jit
-def eval_step(model, batch):
-  return masked_cross_entropy(model(batch["inputs"]), batch["targets"], batch["mask"])[1]
+@functools.lru_cache(maxsize=16)
+def _jitted_train_step(graphdef, chunk_tokens):
+  # One compilation per model structure: a TrainStep built again for the same model (a resumed run, a test)
+  # finds it here.
+  return jax.jit(functools.partial(_train_step, graphdef, chunk_tokens), donate_argnums=0)
+
+
+class TrainStep:
+  """step(batch) -> metrics (device scalars, not fetched): one optimizer step on the model and optimizer.
+
+  The arrays of model and optimizer travel as one pytree through a jitted pure function that donates them
+  (nnx.jit would traverse both module graphs on every call, and without donation the parameters and Adam
+  moments would exist twice at the step's peak). Between steps the newest arrays are held here, not in the
+  modules: call sync() before reading the model or optimizer (evaluation, checkpoints).
+  """
+
+  def __init__(self, model, optimizer, *, loss_chunk_tokens=LOSS_CHUNK_TOKENS):
+    self.model, self.optimizer = model, optimizer
+    graphdef, self.state = nnx.split((model, optimizer))
+    self._step = _jitted_train_step(graphdef, loss_chunk_tokens)
+    self._synced = True
+
+  def __call__(self, batch):
+    self.state, metrics = self._step(self.state, batch)
+    self._synced = False
+    return metrics
+
+  def sync(self):
+    """Writes the newest arrays into the model and optimizer (whose own arrays were donated)."""
+    if not self._synced:
+      nnx.update((self.model, self.optimizer), self.state)
+      self._synced = True
+
+
+@functools.partial(nnx.jit, static_argnames="chunk_tokens")
+def eval_step(model, batch, chunk_tokens=LOSS_CHUNK_TOKENS):
+  return loss_fn(model, batch, chunk_tokens)[1]
+
+
+def train_step(model, optimizer, batch, *, loss_chunk_tokens=LOSS_CHUNK_TOKENS):
+  """One TrainStep call that leaves the result in model and optimizer (for one-off steps and tests)."""
+  step = TrainStep(model, optimizer, loss_chunk_tokens=loss_chunk_tokens)
+  metrics = step(batch)
+  step.sync()
+  return metrics

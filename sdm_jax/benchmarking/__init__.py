@@ -1,0 +1,1 @@
+"""Timing ops and whole models against the peer, and the reports."""

@@ -1,0 +1,333 @@
+r"""Whole-model training steps of our language model: ms/step, tokens/s, peak device memory, model FLOPs
+utilisation (SPEC.md section 7), one model config per process so that each peak is its own.
+
+`measure(spec)` runs in the process it is called in; `run(specs, ...)` starts one process per spec (ours
+through this module's __main__, fla's through `peer_train`), collects their JSON lines and writes the report
+(`benchmarks/<date>_<tag>.{json,md,png}`) after every entry, so a run cut short keeps what it measured.
+"""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# The H200's dense bf16 rate that model FLOPs utilisation is taken against (SPEC.md section 7).
+PEAK_FLOPS = 790e12
+# Cross-entropy targets drawn uniformly: the step's cost does not depend on the tokens.
+NUM_BATCH_SETS = 3
+
+
+def mixer_flops_per_token(model_config, seq_len):
+  """The token mixers' own FLOPs per token, forward + backward (3x forward), over all layers: what
+  6 x parameters leaves out. A delta-rule layer's state work is 6 K V per head (read q S, predict k S,
+  write k z^T) plus its chunk's grams 2 C (K + V) at C = chunk_size; attention's scores and values
+  4 D x the keys a token sees (half the sequence when causal, the window when shorter); SDM's rows
+  2 V (3 W + R) and its sub-key scores 4 sqrt(N) key_dim per head."""
+  from sdm_jax.models.lm import layer_letters
+  c = model_config
+  total = 0.0
+  for letter in layer_letters(c.pattern, c.num_layers):
+    if letter == "D":
+      forward = c.num_heads * (6 * c.head_dim * c.value_dim + 2 * c.chunk_size * (c.head_dim + c.value_dim))
+    elif letter in "SA":
+      seen = seq_len / 2 if letter == "A" else min(c.window, seq_len / 2)
+      forward = c.num_heads * 4 * c.head_dim * seen
+    else:
+      forward = c.sdm_heads * (2 * c.sdm_value_dim * (3 * c.sdm_topk_write + c.sdm_topk_read)
+                               + 4 * math.isqrt(c.sdm_num_slots) * c.sdm_key_dim * 2)
+    total += 3 * forward
+  return total
+
+
+class RandomTokens:
+  """An endless iterator of {"inputs", "targets", "mask"} host batches of uniform token ids, cycling through
+  NUM_BATCH_SETS sets (rotated inputs), with the get_state of a data iterator."""
+
+  def __init__(self, batch, seq_len, vocab_size, seed=0):
+    rng = np.random.default_rng(seed)
+    self.sets = [{"inputs": rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int32),
+                  "targets": rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int32),
+                  "mask": np.ones((batch, seq_len), np.float32)} for _ in range(NUM_BATCH_SETS)]
+    self.index = 0
+
+  def __next__(self):
+    batch = self.sets[self.index % NUM_BATCH_SETS]
+    self.index += 1
+    return batch
+
+  def get_state(self):
+    return {"next_index": self.index}
+
+
+def _peak_bytes():
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
+
+
+def _kernel_summary(run, top=12):
+  """[(kernel name, ms)] of one synchronised run, summed by name, largest first (CUPTI; None off the GPU)."""
+  from sdm_jax.evaluation.timing import _cupti, kernel_times
+  if _cupti() is None:
+    return None
+  sums = {}
+  for name, ms in kernel_times(run):
+    sums[name] = sums.get(name, 0.0) + ms
+  ordered = sorted(sums.items(), key=lambda item: -item[1])
+  return {"total_ms": sum(sums.values()), "kernels": len(sums), "top": ordered[:top]}
+
+
+def measure(spec):
+  """Times spec["steps"] training steps of the model config spec["model"] (a dict) at spec["batch"] x
+  spec["seq_len"] after spec["warmup"] steps; returns a JSON-able dict.
+
+  Two timers: "synced" fetches the metrics after every step (the old loop), "loop" runs the training
+  program's own loop machinery (`training.loop.prefetch_to_device`, `TrainStep`, metrics fetched every
+  spec["log_every"] steps) and divides its wall time by the steps.
+  """
+  import jax
+  import ml_collections
+  from flax import nnx
+
+  from sdm_jax.models import LanguageModel, count_params
+  from sdm_jax.training.loop import prefetch_to_device
+  from sdm_jax.training.optimizer import make_optimizer
+  from sdm_jax.training.sharding import make_mesh, place_state
+  from sdm_jax.training.steps import TrainStep
+
+  model_config = ml_collections.ConfigDict(spec["model"])
+  train_config = ml_collections.ConfigDict(spec["train"])
+  B, T, steps, log_every = spec["batch"], spec["seq_len"], spec["steps"], spec["log_every"]
+  result = {"name": spec["name"], "side": "ours", "batch": B, "seq_len": T, "model": spec["model"],
+            "device": jax.devices()[0].device_kind, "jax_version": jax.__version__}
+  mesh = make_mesh()
+  model = LanguageModel(model_config, rngs=nnx.Rngs(0))
+  place_state(model, mesh)
+  optimizer = make_optimizer(model, train_config)
+  place_state(optimizer, mesh)
+  params = count_params(model)
+  embedding = int(np.prod(model.embed.embedding.shape))
+  result.update(params=params, non_embedding_params=params - embedding)
+  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", 4096))
+  batches = prefetch_to_device(RandomTokens(B, T, model_config.vocab_size), mesh, count=10**9)
+
+  start = time.perf_counter()
+  jax.device_get(step_fn(next(batches)[0]))
+  result["first_step_s"] = time.perf_counter() - start  # compilation included
+  for _ in range(spec["warmup"]):
+    jax.device_get(step_fn(next(batches)[0]))
+
+  synced = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    metrics = jax.device_get(step_fn(next(batches)[0]))
+    synced.append(1e3 * (time.perf_counter() - start))
+  result["loss"] = float(metrics["loss"])
+
+  loop_times = []
+  for _ in range(3):
+    pending = []
+    start = time.perf_counter()
+    for i in range(steps):
+      pending.append(step_fn(next(batches)[0]))
+      if (i + 1) % log_every == 0 or i + 1 == steps:
+        jax.device_get(pending)
+        pending.clear()
+    loop_times.append(1e3 * (time.perf_counter() - start) / steps)
+  result["kernel_time"] = _kernel_summary(lambda: jax.device_get(step_fn(next(batches)[0])))
+
+  tokens = B * T
+  ms = statistics.median(loop_times)
+  flops_per_token = 6 * (params - embedding) + mixer_flops_per_token(model_config, T)
+  result.update(
+      ms_per_step_synced=statistics.median(synced), ms_per_step_loop=ms, loop_repeats_ms=loop_times,
+      tokens_per_s_synced=tokens / statistics.median(synced) * 1e3, tokens_per_s=tokens / ms * 1e3,
+      flops_per_token=flops_per_token, mfu=flops_per_token * tokens / (ms * 1e-3) / PEAK_FLOPS,
+      peak_bytes=_peak_bytes())
+  return result
+
+
+def load_config(path_variant):
+  """'path/to/config.py:variant' -> that file's get_config(variant) (get_config() without a variant)."""
+  import importlib.util
+  path, _, variant = path_variant.partition(":")
+  if not os.path.isfile(path):
+    raise ValueError(f"configs: expected 'path/to/config.py:variant' naming an existing file, got {path_variant!r}")
+  module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def mlp_hidden(model_config):
+  return model_config.get("mlp_hidden") or round(model_config.mlp_ratio * model_config.width)
+
+
+def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps=10, warmup=2, log_every=10,
+                overrides=()):
+  """One spec per (config, remat policy), then one per fla peer at the first config's shape.
+
+  configs: 'path.py:variant' strings; remats: policies to try (empty: each config's own); overrides:
+  'model.field=value' strings applied to every config (values parsed as JSON where they parse).
+  batch / seq_len default to the config's data.batch_size / data.seq_len.
+  """
+  specs = []
+  for path_variant in configs:
+    config = load_config(path_variant)
+    for override in overrides:
+      key, _, value = override.partition("=")
+      try:
+        value = json.loads(value)
+      except json.JSONDecodeError:
+        pass
+      section, _, field = key.partition(".")
+      if section not in ("model", "train") or field not in config[section]:
+        raise ValueError(f"overrides: expected model.<field>=value or train.<field>=value of an existing field, "
+                         f"got {override!r}")
+      config[section][field] = value
+    variant = path_variant.partition(":")[2] or path_variant
+    for remat in remats or [config.model.get("remat", "none")]:
+      model = config.model.to_dict()
+      model["remat"] = remat
+      specs.append({"name": f"{variant} remat={remat}", "model": model, "train": config.train.to_dict(),
+                    "batch": batch or config.data.batch_size, "seq_len": seq_len or config.data.seq_len,
+                    "steps": steps, "warmup": warmup, "log_every": log_every,
+                    "loss_chunk_tokens": config.train.get("loss_chunk_tokens", 4096)})
+  for peer in peers:
+    first = specs[0]
+    specs.append({**first, "name": f"fla {peer}", "peer": peer,
+                  "mlp_hidden": mlp_hidden(load_config(configs[0]).model)})
+  return specs
+
+
+def _worker_command(spec):
+  return [sys.executable, "-m", "sdm_jax.benchmarking.train_bench", json.dumps(spec)]
+
+
+def _peer_command(spec, out_path):
+  m = spec["model"]
+  return [sys.executable, "-m", "sdm_jax.benchmarking.peer_train", f"--model={spec['peer']}",
+          f"--num_layers={m['num_layers']}", f"--width={m['width']}", f"--num_heads={m['num_heads']}",
+          f"--head_dim={m['head_dim']}", f"--mlp_hidden={spec['mlp_hidden']}", f"--vocab_size={m['vocab_size']}",
+          f"--batch={spec['batch']}", f"--seq_len={spec['seq_len']}", f"--steps={spec['steps']}",
+          f"--warmup={spec['warmup']}", f"--out={out_path}"]
+
+
+def run_process(spec, out_dir, timeout_s, log=print):
+  """Runs one spec in its own process (ours, or the peer when spec has "peer"); returns its result dict,
+  with "error" set when the process failed, timed out or printed no result."""
+  os.makedirs(out_dir, exist_ok=True)
+  peer_out = os.path.join(out_dir, f"peer_{spec['name']}.json")
+  command = _peer_command(spec, peer_out) if "peer" in spec else _worker_command(spec)
+  log(f"== {spec['name']}: {' '.join(command[:3])} ... (limit {timeout_s} s)")
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    output, error = done.stdout, (done.stderr[-1500:] if done.returncode else None)
+  except subprocess.TimeoutExpired as expired:
+    output, error = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (expired.stdout or ""), \
+        f"timed out after {timeout_s} s"
+  result = {"name": spec["name"], "side": "peer" if "peer" in spec else "ours"}
+  if "peer" in spec and os.path.exists(peer_out):
+    with open(peer_out) as f:
+      result.update(json.load(f))
+  else:
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    if lines:
+      result.update(json.loads(lines[-1]))
+  if error and not result.get("error"):
+    result["error"] = error if "ms_per_step_loop" not in result else None
+  result["wall_s"] = time.perf_counter() - start
+  log(summary_line(result))
+  return result
+
+
+def summary_line(r):
+  if r.get("error"):
+    return f"{r['name']}: error: {str(r['error']).strip().splitlines()[-1][:300]}"
+  gib = (r.get("peak_bytes") or r.get("max_memory_allocated") or 0) / 2**30
+  return (f"{r['name']}: {r.get('ms_per_step_loop', r.get('ms_per_step_back_to_back', float('nan'))):.1f} ms/step "
+          f"({r.get('tokens_per_s', float('nan')):,.0f} tokens/s), synced {r.get('ms_per_step_synced', float('nan')):.1f} ms, "
+          f"peak {gib:.1f} GiB, {r.get('params', 0) / 1e6:.0f} M params")
+
+
+def _gib(r):
+  peak = r.get("peak_bytes") or r.get("max_memory_allocated")
+  return peak / 2**30 if peak else None
+
+
+def table(results, baseline=None):
+  """A markdown table of the results; ratios against the result named `baseline` (tokens/s, memory)."""
+  base = next((r for r in results if r["name"] == baseline and not r.get("error")), None)
+  rows = ["| entry | params | ms/step, training loop | ms/step, synced every step | tokens/s | "
+          f"x {baseline or 'peer'} tokens/s | peak GiB | x {baseline or 'peer'} memory | MFU |",
+          "|---|---|---|---|---|---|---|---|---|"]
+  for r in results:
+    if r.get("error"):
+      rows.append(f"| {r['name']} | | | | | | | | error: {str(r['error']).strip().splitlines()[-1][:160]} |")
+      continue
+    ms = r.get("ms_per_step_loop", r.get("ms_per_step_back_to_back"))
+    speed = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
+    memory = f"{_gib(r) / _gib(base):.2f}x" if base and _gib(r) and _gib(base) else ""
+    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
+    rows.append(f"| {r['name']} | {r.get('params', 0) / 1e6:.0f} M | {ms:.1f} | {r.get('ms_per_step_synced', float('nan')):.1f} | "
+                f"{r['tokens_per_s']:,.0f} | {speed} | {_gib(r) or float('nan'):.1f} | {memory} | {mfu} |")
+  return "\n".join(rows)
+
+
+def plot(results, path, baseline=None):
+  """Two panels, tokens/s and peak memory per entry; the baseline's values as dashed lines."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  done = [r for r in results if not r.get("error")]
+  if not done:
+    return
+  names = [r["name"] for r in done]
+  colors = ["tab:orange" if r["side"] == "peer" else "tab:blue" for r in done]
+  fig, axes = plt.subplots(1, 2, figsize=(12, 0.5 * len(done) + 2))
+  for ax, values, label in ((axes[0], [r["tokens_per_s"] / 1e3 for r in done], "thousand tokens/s"),
+                            (axes[1], [_gib(r) or 0 for r in done], "peak device memory, GiB")):
+    ax.barh(names, values, color=colors)
+    ax.invert_yaxis()
+    ax.set_xlabel(label)
+    for name, value in zip(names, values):
+      if name == baseline:
+        ax.axvline(value, color="tab:orange", linestyle="--", linewidth=1)
+  axes[1].set_yticklabels([])
+  fig.suptitle("training step (blue: sdm-jax, orange: fla)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, log=print):
+  """Runs every spec in its own process, in order; rewrites the report after each. Returns the results."""
+  from sdm_jax.evaluation.timing import write_tables
+  meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(sys.argv), "config": {
+      "entries": [s["name"] for s in specs]}}
+  results = []
+  for spec in specs:
+    results.append(run_process(spec, out_dir, timeout_s, log))
+    meta["device"] = next((r["device"] for r in results if r.get("device")), "?")
+    notes = ["- one process per entry; ms/step is the median over repeats of the training loop's own way of",
+             "  stepping (prefetched batches, metrics fetched every log_every steps) for ours, back to back for fla;",
+             "  'synced' fetches the loss after every step. Peak memory: jax's peak_bytes_in_use (default allocator) /",
+             "  torch.cuda.max_memory_allocated. MFU: (6 x non-embedding params + mixer FLOPs) x tokens/s / 790 TFLOP/s."]
+    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", notes, table(results, baseline))
+    plot(results, paths["png"], baseline)
+  return results
+
+
+def _main():
+  spec = json.loads(sys.argv[1])
+  print(json.dumps(measure(spec)), flush=True)
+
+
+if __name__ == "__main__":
+  _main()
