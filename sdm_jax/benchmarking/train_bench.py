@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from sdm_jax.training.steps import LOSS_CHUNK_TOKENS
+
 # The H200's dense bf16 rate that model FLOPs utilisation is taken against (SPEC.md section 7).
 PEAK_FLOPS = 790e12
 # Cross-entropy targets drawn uniformly: the step's cost does not depend on the tokens.
@@ -113,7 +115,7 @@ def measure(spec):
   params = count_params(model)
   embedding = int(np.prod(model.embed.embedding.shape))
   result.update(params=params, non_embedding_params=params - embedding)
-  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", 4096))
+  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
   batches = prefetch_to_device(RandomTokens(B, T, model_config.vocab_size), mesh, count=10**9)
 
   start = time.perf_counter()
@@ -197,7 +199,7 @@ def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps
       specs.append({"name": f"{variant} remat={remat}", "model": model, "train": config.train.to_dict(),
                     "batch": batch or config.data.batch_size, "seq_len": seq_len or config.data.seq_len,
                     "steps": steps, "warmup": warmup, "log_every": log_every,
-                    "loss_chunk_tokens": config.train.get("loss_chunk_tokens", 4096)})
+                    "loss_chunk_tokens": config.train.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)})
   for peer in peers:
     first = specs[0]
     specs.append({**first, "name": f"fla {peer}", "peer": peer,
@@ -218,11 +220,23 @@ def _peer_command(spec, out_path):
           f"--warmup={spec['warmup']}", f"--out={out_path}"]
 
 
+def _common_fields(peer):
+  """peer_train's result with the keys ours uses beside its own (its back-to-back time is the loop's)."""
+  common = {"peer_result": peer, "error": peer.get("error"), "device": peer.get("device")}
+  if peer.get("back_to_back"):
+    tokens = peer["tokens_per_step"]
+    ms = peer["back_to_back"]["ms_per_step"]
+    common.update(ms_per_step_loop=ms, tokens_per_s=tokens / ms * 1e3,
+                  ms_per_step_synced=peer["synced"]["ms_per_step"], peak_bytes=peer["memory"]["max_allocated_bytes"],
+                  params=peer["params"]["total"], non_embedding_params=peer["params"]["non_embedding"])
+  return common
+
+
 def run_process(spec, out_dir, timeout_s, log=print):
   """Runs one spec in its own process (ours, or the peer when spec has "peer"); returns its result dict,
   with "error" set when the process failed, timed out or printed no result."""
   os.makedirs(out_dir, exist_ok=True)
-  peer_out = os.path.join(out_dir, f"peer_{spec['name']}.json")
+  peer_out = os.path.join(out_dir, "peer_" + spec["name"].replace(" ", "_") + ".json")
   command = _peer_command(spec, peer_out) if "peer" in spec else _worker_command(spec)
   log(f"== {spec['name']}: {' '.join(command[:3])} ... (limit {timeout_s} s)")
   start = time.perf_counter()
@@ -235,7 +249,7 @@ def run_process(spec, out_dir, timeout_s, log=print):
   result = {"name": spec["name"], "side": "peer" if "peer" in spec else "ours"}
   if "peer" in spec and os.path.exists(peer_out):
     with open(peer_out) as f:
-      result.update(json.load(f))
+      result.update(_common_fields(json.load(f)))
   else:
     lines = [line for line in output.splitlines() if line.startswith("{")]
     if lines:

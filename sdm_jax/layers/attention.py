@@ -19,10 +19,29 @@ def rotary(x, base=10000.0, positions=None):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def flash_implementation(dtype, head_dim):
+  """The jax.nn.dot_product_attention implementation for q, k, v of this dtype and head_dim: "cudnn" (cuDNN's
+  flash attention) where it takes them, else "xla".
+
+  cuDNN's flash attention needs an NVIDIA GPU of compute capability >= 8.0 (cuDNN fused attention starts at
+  Ampere), fp16 or bf16 inputs, and head_dim a multiple of 8, at most 256 from Hopper (9.0) on and 128 before
+  (jax/_src/cudnn/fused_attention_stablehlo.py: check_layout, check_is_flash_attention).
+  """
+  if jax.default_backend() != "gpu" or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_dim % 8:
+    return "xla"
+  version = getattr(jax.devices()[0], "compute_capability", "")  # "9.0" on CUDA, "gfx90a" on ROCm
+  if not version[:1].isdigit():
+    return "xla"
+  capability = tuple(int(n) for n in version.split("."))
+  supported = capability >= (8, 0) and head_dim <= (256 if capability >= (9, 0) else 128)
+  return "cudnn" if supported else "xla"
+
+
 class Attention(nnx.Module):
   """Multi-head causal attention; token t sees s in (t - window, t], or all s <= t when window is None.
 
-  x: [B, T, width] -> [B, T, width]. Scores and softmax in fp32.
+  x: [B, T, width] -> [B, T, width], through jax.nn.dot_product_attention (cuDNN's flash attention where
+  flash_implementation picks it, never a [T, T] score matrix there). Scores and softmax in fp32.
   For decoding, the cache holds the rotated keys and the values of the last L = min(window, max_len)
   tokens, {"k", "v"}: [B, L, H, head_dim], position p in slot p % L: a ring buffer that never wraps
   for full attention (L = max_len) and keeps exactly the window for sliding-window attention.
@@ -49,23 +68,20 @@ class Attention(nnx.Module):
     k = rotary(heads(self.k_proj(x)), self.rope_base, positions)
     return q, k, heads(self.v_proj(x))
 
-  def attend(self, q, k, v, q_positions, k_positions):
-    """q: [B, T, H, D] at q_positions [T]; k, v: [B, S, H, D] at k_positions [S] (< 0: an empty slot)."""
+  def attend(self, q, k, v):
+    """q, k, v: [B, T, H, head_dim] at positions 0 .. T - 1 -> y: [B, T, width]."""
     B, T = q.shape[:2]
-    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * self.head_dim**-0.5
-    t, s = q_positions[:, None], k_positions[None, :]
-    visible = (s <= t) & (s >= 0)
-    if self.window is not None:
-      visible &= t - s < self.window
-    # The diagonal is always visible, so no row is all -inf.
-    weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
-    o = jnp.einsum("bhts,bshd->bthd", weights.astype(v.dtype), v)
+    # local_window_size (left, right) lets t see s in [t - left, t + right]; cuDNN takes it as a window of
+    # left + 1 tokens. A window covering the sequence is plain causal attention.
+    window = None if self.window is None or self.window >= T else (self.window - 1, 0)
+    o = jax.nn.dot_product_attention(q, k, v, scale=self.head_dim**-0.5, is_causal=True, local_window_size=window,
+                                     implementation=flash_implementation(q.dtype, self.head_dim))
     return self.o_proj(o.reshape(B, T, -1))
 
   def __call__(self, x):
     positions = jnp.arange(x.shape[1])
     q, k, v = self.project(x, positions)
-    return self.attend(q, k, v, positions, positions)
+    return self.attend(q, k, v)
 
   def init_cache(self, batch, max_len):
     L = max_len if self.window is None else min(self.window, max_len)
@@ -81,7 +97,7 @@ class Attention(nnx.Module):
     kept = positions[max(T - cache["k"].shape[1], 0):]
     slots = kept % cache["k"].shape[1]
     cache = {"k": cache["k"].at[:, slots].set(k[:, kept]), "v": cache["v"].at[:, slots].set(v[:, kept])}
-    return self.attend(q, k, v, positions, positions), cache
+    return self.attend(q, k, v), cache
 
   def step(self, x_t, cache, position):
     """x_t: [B, width] at sequence index position (an int32 scalar, < max_len) -> (y_t [B, width], cache)."""
@@ -91,6 +107,10 @@ class Attention(nnx.Module):
     slot = position % L
     cache = {"k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(self.dtype), slot, axis=1),
              "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(self.dtype), slot, axis=1)}
-    # Slot j holds the newest position <= position congruent to j mod L; negative means not yet written.
+    # Slot j holds the newest position <= position congruent to j mod L; negative means not yet written. The ring
+    # keeps only the last L <= window positions, so the unwritten slots are all that is hidden.
     slot_positions = position - (position - jnp.arange(L)) % L
-    return self.attend(q, cache["k"], cache["v"], position[None], slot_positions)[:, 0], cache
+    # One query: its [B, H, 1, L] score row is small, and the xla path takes the explicit mask.
+    o = jax.nn.dot_product_attention(q, cache["k"], cache["v"], mask=(slot_positions >= 0)[None, None, None],
+                                     scale=self.head_dim**-0.5, implementation="xla")
+    return self.o_proj(o.reshape(x_t.shape[0], -1)), cache

@@ -10,12 +10,23 @@ from sdm_jax.models.generate import generate
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def _dots_and_kernel_outputs(prim, *args, **params):
+  # The matmuls' outputs and what the Pallas kernels write: a mixer's output and what its custom_vjp keeps
+  # for the backward (0.68 GiB per KDA layer at B x T = 4 x 4096), which "dots" would form again by running
+  # the op's forward in the backward.
+  return prim.name == "pallas_call" or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+
+
 # What each block keeps for its backward (jax.checkpoint policies; none of them changes the result):
 # "none" keeps everything, "block" only the block's input (the backward runs the block again), "dots" the
 # outputs of the matmuls without batch dimensions (the projections and the MLP) and recomputes the rest,
-# the mixer ops included.
+# the mixer ops included, "dots_kernels" those and what the Pallas kernels write (the mixer ops do not run
+# again). Measured at the reference shape: benchmarks/train/.
 REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
-                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "dots_kernels": _dots_and_kernel_outputs}
 
 
 def layer_letters(pattern, num_layers):

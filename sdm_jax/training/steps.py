@@ -9,9 +9,36 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-# Tokens scored per chunk: 4,096 x 32,000 fp32 logits are 0.5 GB, and a chunk that size keeps the head matmul
+# Tokens scored per chunk: 2,048 x 32,000 fp32 logits are 0.25 GiB, and [2048, D] x [D, vocab] is still a matmul
 # large enough to run at full rate.
-LOSS_CHUNK_TOKENS = 4096
+LOSS_CHUNK_TOKENS = 2048
+
+
+@jax.custom_vjp
+def head_logits(features, kernel):
+  """features [N, D] in the compute dtype, kernel [D, vocab] (fp32 parameters) -> fp32 logits [N, vocab].
+
+  The backward casts the logits' cotangent to the compute dtype before its two matmuls, as a bf16 autocast
+  does: left to autodiff, the fp32 cotangent makes both run in fp32 (TF32 on the GPU; 13 ms of a 150 ms
+  step at the reference shape, benchmarks/train/2026-12-01_h200_train_kda_call1.json). The kernel's
+  gradient comes back fp32.
+  """
+  return jnp.dot(features, kernel.astype(features.dtype), preferred_element_type=jnp.float32)
+
+
+def _head_logits_fwd(features, kernel):
+  return head_logits(features, kernel), (features, kernel)
+
+
+def _head_logits_bwd(residuals, d_logits):
+  features, kernel = residuals
+  d_logits = d_logits.astype(features.dtype)
+  d_features = jnp.dot(d_logits, kernel.astype(features.dtype).T, preferred_element_type=jnp.float32)
+  d_kernel = jnp.dot(features.T, d_logits, preferred_element_type=jnp.float32)
+  return d_features.astype(features.dtype), d_kernel.astype(kernel.dtype)
+
+
+head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
 
 
 def token_scores(features, kernel, targets, chunk_tokens=LOSS_CHUNK_TOKENS):
@@ -29,11 +56,10 @@ def token_scores(features, kernel, targets, chunk_tokens=LOSS_CHUNK_TOKENS):
   pad = -n % chunk
   flat_features = jnp.pad(features.reshape(n, D), ((0, pad), (0, 0))).reshape(-1, chunk, D)
   flat_targets = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
-  kernel = kernel.astype(features.dtype)
 
   @jax.checkpoint
   def score(chunk_features, chunk_targets):
-    logits = jnp.dot(chunk_features, kernel, preferred_element_type=jnp.float32)
+    logits = head_logits(chunk_features, kernel)
     target_logit = jnp.take_along_axis(logits, chunk_targets[:, None], axis=-1)[:, 0]
     return jax.nn.logsumexp(logits, axis=-1) - target_logit, jnp.argmax(logits, axis=-1) == chunk_targets
 

@@ -1,18 +1,29 @@
 """The training program: exact resume, fallback from a damaged checkpoint, stopping on a non-finite
-loss, the weight-decay mask, and data-parallel training on 4 forced host devices."""
+loss, the weight-decay mask, and data-parallel training on 4 forced host devices; the loop that runs steps
+ahead of the host (metrics fetched at log, eval and checkpoint steps; batches prefetched) against one that
+fetches every step."""
 
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 
 from experiments.configs.mqar import get_config
+from sdm_jax.data import make_iterator
 from sdm_jax.training import loop
+from sdm_jax.training.checkpoint import Checkpointer
 from sdm_jax.training.metrics import MetricsLog
+from sdm_jax.training.optimizer import make_optimizer
+from sdm_jax.training.sharding import global_batch, make_mesh, place_state
+from sdm_jax.training.steps import train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -25,6 +36,13 @@ def tiny_config(steps=6):
   config.train.steps, config.train.warmup_steps = steps, 2
   config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 1, 1000, 2
   config.train.eval_batches = 1
+  return config
+
+
+def attention_config(steps):
+  # The loop's tests don't depend on the mixer; full attention compiles several times faster than chunked GDN-2.
+  config = tiny_config(steps)
+  config.model.pattern = "A"
   return config
 
 
@@ -56,23 +74,119 @@ def test_damaged_latest_checkpoint_falls_back(tmp_path, capsys):
   assert "unreadable" in capsys.readouterr().out
 
 
+def nan_mask_in_batch(k):
+  """loop.global_batch with batch k's mask NaN: step k's loss, gradients and every later parameter turn NaN
+  through the real step, whatever runs it."""
+  def poisoned(local_batch, mesh):
+    poisoned.calls += 1
+    if poisoned.calls == k:
+      local_batch = {**local_batch, "mask": np.full_like(local_batch["mask"], np.nan)}
+    return global_batch(local_batch, mesh)
+  poisoned.calls = 0
+  return poisoned
+
+
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
   config = tiny_config(steps=6)
-  real_step, calls = loop.train_step, []
-
-  def poisoned(model, optimizer, batch):
-    calls.append(1)
-    metrics = dict(real_step(model, optimizer, batch))
-    if len(calls) == 5:
-      metrics["loss"] = np.float32(np.nan)
-    return metrics
-
-  monkeypatch.setattr(loop, "train_step", poisoned)
+  monkeypatch.setattr(loop, "global_batch", nan_mask_in_batch(5))
   with pytest.raises(loop.TrainingDiverged, match="step 5.*last good checkpoint is step 4"):
     loop.train(config, tmp_path, log=lambda _: None)
   monkeypatch.undo()
   _, step, _ = loop.restore_for_eval(tmp_path, config)
   assert step == 4
+
+
+def checkpoint_contents(workdir):
+  """{step: {"model", "optimizer", "data", "meta"}} of every checkpoint of a run, as host arrays and JSON."""
+  manager = ocp.CheckpointManager(pathlib.Path(workdir).resolve() / "checkpoints")
+  contents = {}
+  for step in manager.all_steps():
+    restored = manager.restore(step, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(), optimizer=ocp.args.StandardRestore(), data=ocp.args.JsonRestore(),
+        meta=ocp.args.JsonRestore()))
+    contents[step] = {key: jax.device_get(restored[key]) for key in ("model", "optimizer", "data", "meta")}
+  manager.close()
+  return contents
+
+
+def assert_same_checkpoints(got, expected):
+  assert sorted(got) == sorted(expected)
+  for step in expected:
+    assert got[step]["data"] == expected[step]["data"], step
+    assert got[step]["meta"] == expected[step]["meta"], step
+    for key in ("model", "optimizer"):
+      jax.tree.map(np.testing.assert_array_equal, got[step][key], expected[step][key])
+
+
+def reference_train(config, workdir):
+  """The loop before steps ran ahead of the host: one train_step and one jax.device_get per step, batches made
+  when needed. Returns the records train() writes, less tokens_per_s."""
+  train_cfg, mesh = config.train, make_mesh()
+  model = loop.build(config, mesh)
+  optimizer = make_optimizer(model, train_cfg)
+  place_state(optimizer, mesh, train_cfg.fsdp)
+  iterator = make_iterator(config, "train")
+  checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
+  records = []
+  for step in range(1, train_cfg.steps + 1):
+    metrics = jax.device_get(train_step(model, optimizer, global_batch(next(iterator), mesh)))
+    if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+      records.append({"split": "train", "step": step, **{k: float(v) for k, v in metrics.items()}})
+    if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
+      records.append({"split": "eval", "step": step, **loop.evaluate(model, config, mesh)})
+    if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
+      checkpoints.save(step, model, optimizer, iterator.get_state(), config)
+  checkpoints.close()
+  return records
+
+
+def test_loop_matches_a_loop_that_fetches_every_step(tmp_path):
+  """Log, eval and checkpoint steps that fall apart (pending metrics of 1-4 steps, saves with batches
+  prefetched past them): the same records and bitwise the same checkpoints, data state included."""
+  config = attention_config(steps=12)
+  config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 5, 6, 4
+  config.train.keep_checkpoints = 10
+  expected = reference_train(config, tmp_path / "reference")
+  loop.train(config, tmp_path / "run", log=lambda _: None)
+  records = MetricsLog(tmp_path / "run").read()
+  assert [r["step"] for r in records if "tokens_per_s" in r] == [10, 12]  # the first logged step compiles
+  assert [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records] == expected
+  assert [r["step"] for r in records if r["split"] == "train"] == [5, 10, 12]
+  reference = checkpoint_contents(tmp_path / "reference")
+  assert sorted(reference) == [4, 8, 12] and reference[4]["data"] == {"next_index": 4}
+  assert_same_checkpoints(checkpoint_contents(tmp_path / "run"), reference)
+
+
+def test_divergence_between_log_steps_stops_before_the_next_save(tmp_path, monkeypatch):
+  """A NaN mask in batch 5 makes step 5's loss and every later parameter NaN, as a real divergence does. Step 5
+  is no log step; the save at step 6 fetches steps 5-6 first, names step 5 and writes nothing."""
+  config = attention_config(steps=10)
+  config.train.log_every, config.train.checkpoint_every = 4, 3
+  poisoned = nan_mask_in_batch(5)
+  monkeypatch.setattr(loop, "global_batch", poisoned)
+  with pytest.raises(loop.TrainingDiverged, match=r"\(nan\) at step 5;.*last good checkpoint is step 3 "):
+    loop.train(config, tmp_path, log=lambda _: None)
+  monkeypatch.undo()
+  assert poisoned.calls <= 8  # the prefetch ran at most two batches past step 6
+  assert sorted(checkpoint_contents(tmp_path)) == [3]
+  assert [r["step"] for r in MetricsLog(tmp_path).read()] == [4]
+  model, step, _ = loop.restore_for_eval(tmp_path, config)
+  assert step == 3
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param))))
+
+
+def test_resume_from_a_checkpoint_saved_with_batches_prefetched(tmp_path):
+  """A run that stops at step 5 and loses that checkpoint resumes from step 3, saved while batches 4-5 were
+  already pulled: it ends bitwise where an uninterrupted run ends."""
+  config = attention_config(steps=9)
+  config.train.log_every, config.train.checkpoint_every, config.train.keep_checkpoints = 4, 3, 10
+  loop.train(config, tmp_path / "straight", log=lambda _: None)
+  loop.train(config, tmp_path / "resumed", stop_after=5, log=lambda _: None)
+  shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "5")
+  assert loop.train(config, tmp_path / "resumed", log=lambda _: None) == 9
+  straight, resumed = checkpoint_contents(tmp_path / "straight"), checkpoint_contents(tmp_path / "resumed")
+  assert sorted(straight) == [3, 6, 9] and straight[9]["data"] == {"next_index": 9}
+  assert_same_checkpoints(resumed, straight)
 
 
 def test_data_parallel_on_four_host_devices(tmp_path):
