@@ -21,7 +21,9 @@ The backward walks the tokens in reverse with the table cotangent dM in place. P
      M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
 The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
 Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
-[B, H, T]; v, d_o [.., V]; rows [.., W, V]; table [B, H, N, V] fp32. W, R, V powers of two.
+[B, H, T]; v, d_o [.., V]; rows [.., W, V] (fp32 or, rounded, bf16: the undo then restores the rounded rows);
+table [B, H, N, V] fp32. W, R, V powers of two. A backward over tokens lo..hi-1 alone takes those tokens' slices
+and the table after token hi - 1 (`sparse_tokens_fwd` over tokens 0..hi-1 with rows_from = lo gives both).
 """
 
 import functools
@@ -40,17 +42,17 @@ def _tools(bv, interpret):
 
 
 def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref,
-                table_ref, o_ref, *rows_ref, interpret):
+                table_ref, o_ref, *rows_ref, rows_from, interpret):
   del table_in_ref  # aliased with table_ref
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
 
-  def token(t, rows):
+  def token(t, rows, save):
     """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
     k_rows = at_rows(k_idx_ref[t, :])
-    if rows_ref:
-      rows_ref[0][t] = rows
+    if save:
+      rows_ref[0][t - rows_from] = rows.astype(rows_ref[0].dtype)
     rows = decay_ref[t] * rows
     r = jnp.sum(k_w_ref[t, :][:, None] * rows, axis=0, keepdims=True)
     d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(f32) - r)
@@ -66,7 +68,10 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following
 
-  jax.lax.fori_loop(0, T, token, table_ref[at_rows(k_idx_ref[0, :])])
+  rows = table_ref[at_rows(k_idx_ref[0, :])]
+  if rows_from:
+    rows = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), rows)
+  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), rows)
 
 
 def _specs(block_v):
@@ -77,11 +82,13 @@ def _specs(block_v):
   return per_head, tile, per_tile
 
 
-@functools.partial(jax.jit, static_argnames=("save_rows", "block_v", "num_warps", "num_stages", "interpret"))
-def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, block_v=32,
-                      num_warps=4, num_stages=1, interpret=False):
-  """Returns (final table [B, H, N, V] fp32, o [B, H, T, V] in v.dtype) and with save_rows the rows each token
-  found before its write, rows [B, H, T, W, V] fp32 (what the backward undoes the writes with). Launch
+@functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
+                                             "num_stages", "interpret"))
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, rows_dtype=jnp.float32,
+                      rows_from=0, block_v=32, num_warps=4, num_stages=1, interpret=False):
+  """Returns (final table [B, H, N, V] fp32, o [B, H, T, V] in v.dtype) and with save_rows the rows that tokens
+  rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the backward
+  undoes the writes with; the forward itself computes with the fp32 rows). Launch
   settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
   64: 23.6; benchmarks/2026-11-30_h200_session11.md)."""
   B, H, N, V = table.shape
@@ -91,11 +98,13 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   per_head, tile, _ = _specs(block_v)
   out_shape = [jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
   out_specs = [tile(N), tile(T)]
+  if not 0 <= rows_from < T:
+    raise ValueError(f"rows_from: expected a token in [0, T) = [0, {T}), got {rows_from}")
   if save_rows:
-    out_shape.append(jax.ShapeDtypeStruct((B, H, T, W, V), jnp.float32))
-    out_specs.append(tile(T, W))
+    out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, W, V), rows_dtype))
+    out_specs.append(tile(T - rows_from, W))
   return pl.pallas_call(
-      functools.partial(_fwd_kernel, interpret=interpret),
+      functools.partial(_fwd_kernel, rows_from=rows_from, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
       in_specs=[per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
@@ -118,7 +127,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
   def token(i, carry):
     t = T - 1 - i
-    found = rows_ref[t]  # loaded first: it depends on nothing the token writes
+    found = rows_ref[t].astype(f32)  # loaded first: it depends on nothing the token writes
     # 1. The read of token t, on M_t.
     q_rows = at_rows(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)

@@ -26,11 +26,12 @@ class SparseDeltaMemory(RecurrentMixer):
   """x: [B, T, width] -> [B, T, width].
 
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
-  key_dim = the width of each sub-key (and of each query half), V = value_dim per head.
+  key_dim = the width of each sub-key (and of each query half), V = value_dim per head. rows_dtype and
+  rows_segments choose what impl="pallas" keeps for its backward (`ops.sparse_delta_rule`).
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, dtype=jnp.float32, rngs):
+               chunk_size=16, rows_dtype="float32", rows_segments=1, dtype=jnp.float32, rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
@@ -53,6 +54,7 @@ class SparseDeltaMemory(RecurrentMixer):
     self.num_heads, self.key_dim, self.value_dim = H, key_dim, V
     self.topk_write, self.topk_read = topk_write, topk_read
     self.impl, self.chunk_size = impl, chunk_size
+    self.rows_dtype, self.rows_segments = rows_dtype, rows_segments
 
   def address(self, query, k):
     """query: [B, T, H * 2 * key_dim] -> (slot indices, softmax weights), both [B, T, H, k]."""
@@ -80,6 +82,7 @@ class SparseDeltaMemory(RecurrentMixer):
     v = heads(self.v_proj(x))
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
     o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
-                                     chunk_size=self.chunk_size, output_final_state=True)
+                                     chunk_size=self.chunk_size, output_final_state=True,
+                                     rows_dtype=self.rows_dtype, rows_segments=self.rows_segments)
     out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), {"M": table}

@@ -12,8 +12,10 @@ def default_config():
   impl / chunk_size select how the dense mixers run, sdm_impl / sdm_chunk_size how the SDM runs
   ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row work,
   chunk_size 16-64); none of them changes the parameters.
-  remat: what each block saves for the backward ("none", "block", "dots"; `lm.REMAT_POLICIES`), which changes
-  memory and speed, not results. sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  remat: what each block saves for the backward ("none", "block", "dots", "dots_kernels"; `lm.REMAT_POLICIES`),
+  which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
+  within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps.
+  sdm_key_dim is the width of each sub-key (each half of an SDM query).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256
@@ -36,6 +38,8 @@ def default_config():
   c.sdm_key_dim = 16
   c.sdm_impl = "auto"
   c.sdm_chunk_size = 16
+  c.sdm_rows_dtype = "float32"
+  c.sdm_rows_segments = 1
   c.dtype = "float32"
   c.remat = "none"
   return c

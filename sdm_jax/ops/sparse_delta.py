@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import checkify
 
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
-from sdm_jax.ops.sparse_pallas import sparse_delta_pallas
+from sdm_jax.ops.sparse_pallas import check_rows_options, sparse_delta_pallas
 from sdm_jax.ops.validation import check_options, check_shape
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -54,19 +54,24 @@ def _check_indices(name, idx, N):
     raise ValueError(f"{name}: slot indices must lie in [0, N) = [0, {N}), got values in [{lo}, {hi}]")
 
 
-def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", chunk_size=16,
-                      output_final_state=False):
+def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
+                      output_final_state=False, rows_dtype="float32", rows_segments=1):
   """The Sparse Delta Memory recurrence.
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
   [B, T, H, W]; v: [B, T, H, V]; g (log decay <= 0), beta: [B, T, H]; q_idx (int), q_w: [B, T, H, R].
-  impl: "scan" (the reference), "chunk" (chunked WY with a memory-lean backward; chunk_size tokens per
+  impl: "auto" (the default: "pallas" on a GPU, else "chunk"),
+  "scan" (the reference), "chunk" (chunked WY with a memory-lean backward; chunk_size tokens per
   chunk) or "pallas" (Pallas kernels that walk the tokens in order on the touched rows, with the same
   memory-lean backward; interpret mode off the GPU; chunk_size unused).
+  rows_dtype ("float32" or "bfloat16"), rows_segments (an int >= 1): impl="pallas" only, what its backward gets
+  the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or saved for
+  the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
   Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
   indices raise ValueError (under jit: a check that `checkify` reports).
   """
-  check_options(impl, chunk_size)
+  impl = check_options(impl, chunk_size)
+  check_rows_options(rows_dtype, rows_segments)
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
   if m0.ndim == 3:
@@ -88,7 +93,10 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="chunk", c
   if impl == "scan":
     o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
   elif impl == "pallas":
-    o, final = sparse_delta_pallas(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
+    # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
+    # bits as the fp32 copies, without keeping them for the backward.
+    o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
+                                   rows_segments=rows_segments)
   else:
     C = chunk_size
     pad = -T % C

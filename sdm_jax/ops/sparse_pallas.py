@@ -6,7 +6,16 @@ coefficients and re-gathered rows cost more than the rows themselves (benchmarks
 forms the per-token weights the kernels need (a slot's summed weight within its token, its first entry),
 and a custom_vjp saves the rows each token found before its write (T x W x V per head) for the backward
 kernel, which undoes the writes in reverse.
+
+Those rows are the op's training memory (17.2 GB fp32 at B 4, T 4096, H 2, W 128, V 1,024; the final table
+beside them 2.1 GB). Two options shrink them: rows_dtype="bfloat16" saves them rounded (the forward is
+unchanged, and so are the gradients of m0 and v, which do not read the rows; the others move by about bf16's
+rounding), and rows_segments=K saves only the last of K token segments' rows, the backward replaying the
+forward from m0 for each earlier segment (the same bits; (K - 1) / 2 forwards more).
 """
+
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +24,20 @@ from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.pallas import interpret, next_pow2
 
 MIN_DIM = 16  # entries (W, R) and value columns are padded to powers of two >= 16
+ROWS_DTYPES = ("float32", "bfloat16")  # the first is the default: the exact backward
+
+
+def check_rows_options(rows_dtype, rows_segments):
+  """ValueError unless rows_dtype is one of ROWS_DTYPES (a name or a dtype) and rows_segments an int >= 1."""
+  try:
+    name = jnp.dtype(rows_dtype).name
+  except TypeError:
+    name = None
+  if name not in ROWS_DTYPES:
+    raise ValueError(f"rows_dtype: expected one of {ROWS_DTYPES}, got {rows_dtype!r}")
+  if isinstance(rows_segments, bool) or not isinstance(rows_segments, int) or rows_segments < 1:
+    raise ValueError(f"rows_segments: expected an int >= 1, got {rows_segments!r}")
+  return name
 
 
 def _slot_groups(idx):
@@ -52,39 +75,119 @@ def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w):
   return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
 
 
-def _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, save):
+class Residuals(NamedTuple):
+  """What the forward saves for the backward. rows: [B, H, T_last, W, V] in the rows dtype, the rows the last
+  segment's tokens found before their writes; m0: the initial table as the op got it ([H, N, V] or
+  [B, H, N, V]; None with one segment), what the backward replays the earlier segments from; final: the
+  final table [B, H, N, V] fp32; the per-token inputs as the op got them ([B, T, H, ...])."""
+  m0: Any
+  final: Any
+  rows: Any
+  k_idx: Any
+  k_w: Any
+  v: Any
+  g: Any
+  beta: Any
+  q_idx: Any
+  q_w: Any
+
+
+def segment_bounds(T, rows_segments):
+  """Token boundaries 0 = b_0 < ... < b_K = T of the rows segments, as equal as whole tokens allow (K is
+  capped at T)."""
+  K = min(rows_segments, T)
+  return [k * T // K for k in range(K + 1)]
+
+
+def _batch_table(m0, B):
+  return jnp.broadcast_to(m0, (B, *m0.shape[-3:]))
+
+
+def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1):
+  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch here); the rest as the op's."""
   args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
-  final, o, *rows = sparse_tokens_fwd(table, *args, save_rows=save, interpret=interpret())
+  bounds = segment_bounds(v.shape[1], rows_segments)
+  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0]), *args, save_rows=save,
+                                      rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], interpret=interpret())
   if not save:
     return (_tokens(o), final), None
-  return (_tokens(o), final), (final, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w)
+  return (_tokens(o), final), Residuals(m0 if len(bounds) > 2 else None, final, rows[0], k_idx, k_w, v, g, beta,
+                                        q_idx, q_w)
+
+
+class BackwardTokens(NamedTuple):
+  """sparse_tokens_bwd's per-token arguments, [B, H, T, ...]: all it takes but the tables and the rows."""
+  k_idx: Any
+  k_w: Any
+  k_slot: Any
+  k_first: Any
+  decay: Any
+  beta: Any
+  v: Any
+  q_idx: Any
+  q_slot: Any
+  d_o: Any
+
+
+def _backward_tokens(residuals, d_o):
+  r = residuals
+  k_idx, k_w, k_slot, decay, beta, v, q_idx, _ = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w)
+  k_first = _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
+  q_slot = _heads(_summed_within_token(r.q_idx, r.q_w))
+  return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, _heads(d_o))
+
+
+def _kernel_args(table, d_table, tokens, rows):
+  t = tokens
+  return (table, d_table, t.k_idx, t.k_w, t.k_slot, t.k_first, t.decay, t.beta, t.v, t.q_idx, t.q_slot, rows, t.d_o)
 
 
 def _backward_args(residuals, d_o, d_final):
-  """sparse_tokens_bwd's arguments from the forward's residuals and the cotangents of o and the final table."""
-  final, rows, k_idx, k_w, v, g, beta, q_idx, q_w = residuals
-  k_idx_h, k_w_h, k_slot, decay, beta_h, v_h, q_idx_h, _ = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
-  k_first = _heads(_slot_groups(k_idx)[1].astype(jnp.float32))
-  q_slot = _heads(_summed_within_token(q_idx, q_w))
-  return (final, d_final, k_idx_h, k_w_h, k_slot, k_first, decay, beta_h, v_h, q_idx_h, q_slot, rows, _heads(d_o))
+  """sparse_tokens_bwd's arguments from the forward's residuals (one rows segment) and the cotangents of o and
+  the final table."""
+  return _kernel_args(residuals.final, d_final, _backward_tokens(residuals, d_o), residuals.rows)
 
 
-@jax.custom_vjp
-def _sparse_delta_pallas(table, k_idx, k_w, v, g, beta, q_idx, q_w):
-  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, save=False)[0]
+def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-1
+  return tuple(x[:, :, lo:hi] for x in args)
 
 
-def _fwd(table, k_idx, k_w, v, g, beta, q_idx, q_w):
-  return _forward(table, k_idx, k_w, v, g, beta, q_idx, q_w, save=True)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False)[0]
 
 
-def _bwd(residuals, cotangents):
-  _, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*_backward_args(residuals, *cotangents),
-                                                                 interpret=interpret())
-  tile_sum = lambda x: _tokens(jnp.sum(x, axis=2))  # the kernel's per value tile partial sums
-  v = residuals[4]
-  return (d_table, None, tile_sum(d_k_w), _tokens(d_v).astype(v.dtype), tile_sum(d_g), tile_sum(d_beta), None,
-          tile_sum(d_q_w))
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments)
+
+
+def _bwd(rows_dtype, rows_segments, residuals, cotangents):
+  """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
+  of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
+  starts from (the same bits as the forward's: the same kernel on the same inputs)."""
+  d_o, d_final = cotangents
+  r = residuals
+  B, T = r.v.shape[:2]
+  bounds = segment_bounds(T, rows_segments)
+  tokens = _backward_tokens(r, d_o)
+  forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
+  table, d_table, rows = r.final, d_final, r.rows
+  tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
+  pieces = []
+  for k in reversed(range(len(bounds) - 1)):
+    lo, hi = bounds[k], bounds[k + 1]
+    if hi < T:
+      # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
+      # rows of both segments at once.
+      d_table, m0 = jax.lax.optimization_barrier((d_table, r.m0))
+      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B), *_token_slice(forward_args, 0, hi),
+                                         rows_dtype=jnp.dtype(rows_dtype), rows_from=lo, interpret=interpret())
+    table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
+        *_kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows), interpret=interpret())
+    pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
+  d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
+  d_m0 = jnp.sum(d_table, axis=0) if r.m0 is not None and r.m0.ndim == 3 else d_table
+  return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w)
 
 
 _sparse_delta_pallas.defvjp(_fwd, _bwd)
@@ -100,14 +203,19 @@ def _pad_entries(idx, w):
   return rep(idx, idx[..., :1]), rep(w, jnp.zeros_like(w[..., :1]))
 
 
-def sparse_delta_pallas(table, k_idx, k_w, v, g, beta, q_idx, q_w):
-  """Same contract as `sparse_delta_chunk` without chunks (any T; fp32 table and floats)."""
-  V = v.shape[-1]
+def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1):
+  """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
+  but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype). rows_dtype, rows_segments:
+  what the backward gets its rows from (the module docstring)."""
+  rows_dtype = check_rows_options(rows_dtype, rows_segments)
+  B, T, _, V = v.shape
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
   q_idx, q_w = _pad_entries(q_idx.astype(jnp.int32), q_w)
   Vp = next_pow2(V, MIN_DIM)
   if Vp != V:  # zero value columns stay zero
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
-    table = jnp.pad(table, [(0, 0)] * 3 + [(0, Vp - V)])
-  o, final = _sparse_delta_pallas(table, k_idx, k_w, v, g, beta, q_idx, q_w)
+    m0 = jnp.pad(m0, [(0, 0)] * (m0.ndim - 1) + [(0, Vp - V)])
+  if len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all the backward needs
+    m0 = _batch_table(m0, B)
+  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments)
   return o[..., :V], final[..., :V]

@@ -114,6 +114,83 @@ def test_matches_scan(x64, impl, decay, beta_mode, chunk_size, T, seed):
     assert _rel(g_impl[name], g_ref[name]) < tol_grad, name
 
 
+@pytest.mark.parametrize("rows_segments,decay,T,shared,seed", [(3, 0.01, 37, True, 20), (2, 30.0, 21, False, 21)])
+def test_pallas_rows_segments_replay_the_same_bits(rows_segments, decay, T, shared, seed):
+  """The backward that replays the forward for the earlier segments gets the rows the forward saw: every output
+  and gradient equals the saved-rows path's bit for bit (interpret mode; T not a multiple of the segments)."""
+  x = _inputs(seed, T=T, decay=decay, shared=shared)
+  saved = _run(x, jnp.float32, impl="pallas"), _grads(x, jnp.float32, impl="pallas")
+  replayed = _run(x, jnp.float32, impl="pallas", rows_segments=rows_segments), _grads(
+      x, jnp.float32, impl="pallas", rows_segments=rows_segments)
+  for a, b in zip(saved[0], replayed[0]):
+    assert np.array_equal(a, b)
+  for name in FLOATS:
+    assert np.array_equal(saved[1][name], replayed[1][name]), name
+
+
+# Relative error against the fp32 rows, measured in interpret mode (g ~ -0.01, -1 and -30; 8-40 seeds per shape):
+# at B 2, T 40, H 2, N 64, V 32, W = R = 16 d_beta <= 6.4e-4, d_k_w <= 8.0e-4, d_q_w <= 1.8e-3, d_g <= 7.0e-3; at
+# B 1, T 256, H 2, N 1,024, V 128, W = R = 32 (also the bench inputs) d_q_w <= 1.8e-3, d_g <= 1.9e-3. That is
+# bf16's rounding of one row (<= 2^-9 per element), which the backward restores but does not compound; d_g, a sum
+# over a token's W x V products that cancels, loses more where W x V is small. Bounds: about twice the worst.
+BF16_ROWS_TOL = {"k_w": 2.0**-8, "beta": 2.0**-8, "q_w": 2.0**-8, "g": 1.5e-2}
+
+
+@pytest.mark.parametrize("decay,rows_segments,seed", [(0.01, 1, 22), (30.0, 2, 23)])
+def test_pallas_bf16_rows_near_fp32_rows(decay, rows_segments, seed):
+  """bf16 rows change only what the backward reads them for: o, the final table and the gradients of m0 and v (which
+  never read a row) are the fp32 path's bits; the other gradients lie within BF16_ROWS_TOL of it."""
+  x = _inputs(seed, T=40, N=64, V=32, W=16, R=16, decay=decay)
+  kw = dict(impl="pallas", rows_segments=rows_segments)
+  for a, b in zip(_run(x, jnp.float32, impl="pallas"), _run(x, jnp.float32, rows_dtype="bfloat16", **kw)):
+    assert np.array_equal(a, b)
+  exact = _grads(x, jnp.float32, impl="pallas")
+  rounded = _grads(x, jnp.float32, rows_dtype="bfloat16", **kw)
+  for name in ("m0", "v"):
+    assert np.array_equal(exact[name], rounded[name]), name
+  errors = {name: _rel(rounded[name], exact[name]) for name in BF16_ROWS_TOL}
+  assert all(errors[name] < tol for name, tol in BF16_ROWS_TOL.items()), errors
+  assert errors["q_w"] > 1e-5, errors  # the rows were rounded: the reads of the restored table moved
+
+
+def test_pallas_rows_options_shrink_what_is_saved():
+  """What jax.vjp keeps: bf16 halves the saved rows, K segments keep the last segment's; nothing else grows (m0, the
+  replay's start, is the argument itself)."""
+  B, T, H, N, V, W = 1, 48, 2, 256, 32, 16
+  x = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32)
+       for k, v in _inputs(24, B=B, T=T, H=H, N=N, V=V, W=W, R=W).items()}
+
+  def saved_bytes(**kw):
+    def residuals(floats, ints):
+      return jax.vjp(lambda f: sparse_delta_rule(**f, **ints, impl="pallas", **kw)[0], floats)[1]
+    floats = {k: x[k] for k in FLOATS}
+    leaves = jax.tree.leaves(jax.eval_shape(residuals, floats, {k: x[k] for k in ("k_idx", "q_idx")}))
+    return sum(l.size * l.dtype.itemsize for l in leaves if l.shape != x["m0"].shape)
+
+  rows = B * H * T * W * V * 4
+  base = saved_bytes()
+  assert saved_bytes(rows_dtype="bfloat16") == base - rows // 2
+  assert saved_bytes(rows_segments=3) == base - rows * 2 // 3
+  assert saved_bytes(rows_dtype="bfloat16", rows_segments=4) == base - rows * 7 // 8
+
+
+def test_segment_bounds():
+  from sdm_jax.ops.sparse_pallas import segment_bounds
+  assert segment_bounds(37, 3) == [0, 12, 24, 37]
+  assert segment_bounds(40, 1) == [0, 40]
+  assert segment_bounds(3, 5) == [0, 1, 2, 3]  # at most one segment per token
+
+
+@pytest.mark.parametrize("option,value", [("rows_dtype", "float16"), ("rows_dtype", "int8"), ("rows_dtype", "fp32"),
+                                          ("rows_segments", 0), ("rows_segments", 2.0), ("rows_segments", True)])
+@pytest.mark.parametrize("impl", ["chunk", "pallas"])
+def test_bad_rows_options_raise(option, value, impl):
+  x = _inputs(25, T=5)
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  with pytest.raises(ValueError, match=option):
+    sparse_delta_rule(**args, impl=impl, **{option: value})
+
+
 def test_chunk_size_invariance(x64):
   x = _inputs(7, T=48)
   outs = [_run(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]

@@ -11,6 +11,7 @@ from lowering import TRITON_CALL, lower_for_h200
 
 B, H, N, V = 1, 2, 1024, 128
 TABLE = jax.ShapeDtypeStruct((B, H, N, V), jnp.float32)
+JAXPR_DTYPES = {"float32": "f32", "bfloat16": "bf16"}  # how a jaxpr prints them
 
 
 def _per_token(T, *shape, dtype=jnp.float32):
@@ -26,16 +27,19 @@ def _lowers_for_cuda(kernel, args):
   return lower_for_h200(kernel, *args).count(TRITON_CALL) == 1
 
 
-@pytest.mark.parametrize("W,T,save_rows", [(16, 16, True), (128, 37, True), (16, 37, False)])
-def test_lowers_for_cuda(W, T, save_rows):
-  assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, save_rows=save_rows), _forward_args(T, W))
+@pytest.mark.parametrize("W,T,save_rows,rows_dtype,rows_from", [
+    (16, 16, True, jnp.float32, 0), (128, 37, True, jnp.float32, 0), (16, 37, False, jnp.float32, 0),
+    (128, 37, True, jnp.bfloat16, 0), (16, 37, True, jnp.float32, 20), (128, 16, True, jnp.bfloat16, 5)])
+def test_lowers_for_cuda(W, T, save_rows, rows_dtype, rows_from):
+  assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, save_rows=save_rows, rows_dtype=rows_dtype,
+                                                       rows_from=rows_from), _forward_args(T, W))
 
 
-@pytest.mark.parametrize("W,T", [(16, 16), (128, 37)])
-def test_backward_lowers_for_cuda(W, T):
+@pytest.mark.parametrize("W,T,rows_dtype", [(16, 16, jnp.float32), (128, 37, jnp.float32), (128, 37, jnp.bfloat16)])
+def test_backward_lowers_for_cuda(W, T, rows_dtype):
   x = lambda *shape, dtype=jnp.float32: _per_token(T, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
-  args = (TABLE, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W, V), x(V))
+  args = (TABLE, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W, V, dtype=rows_dtype), x(V))
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
@@ -59,17 +63,35 @@ def test_value_tiles_give_the_same_result(block_v):
     assert jnp.array_equal(a, b)
 
 
-def test_forward_without_gradient_leaves_out_the_saved_rows():
+def test_rows_from_and_rows_dtype_select_the_saved_rows():
+  """rows_from saves the rows of the later tokens only, rows_dtype rounds them; the table and o do not change."""
+  from sdm_jax.evaluation.sdm_bench import sdm_inputs
+  from sdm_jax.ops.sparse_pallas import _forward_args
+  T, N, V, W = 24, 64, 32, 16
+  fl, it = sdm_inputs(1, T, 2, N, V, W, W, 1)
+  table = jnp.broadcast_to(fl["m0"], (1, 2, N, V))
+  args = _forward_args(it["k_idx"], fl["k_w"], fl["v"], fl["g"], fl["beta"], it["q_idx"], fl["q_w"])
+  final, o, rows = sparse_tokens_fwd(table, *args, interpret=True)
+  for rows_from, rows_dtype in ((9, jnp.float32), (0, jnp.bfloat16), (23, jnp.bfloat16)):
+    out = sparse_tokens_fwd(table, *args, rows_from=rows_from, rows_dtype=rows_dtype, interpret=True)
+    assert jnp.array_equal(out[0], final) and jnp.array_equal(out[1], o)
+    assert out[2].dtype == rows_dtype and jnp.array_equal(out[2], rows[:, :, rows_from:].astype(rows_dtype))
+
+
+@pytest.mark.parametrize("rows_dtype,rows_segments,saved_tokens", [("float32", 1, 48), ("bfloat16", 1, 48),
+                                                                   ("float32", 3, 16)])
+def test_forward_without_gradient_leaves_out_the_saved_rows(rows_dtype, rows_segments, saved_tokens):
   """The rows the backward needs (T x W x V per head, the op's largest array) are written only when a
-  gradient is taken: a forward-only trace has no array of their shape, a gradient trace has one."""
+  gradient is taken: a forward-only trace has no array of their shape, a gradient trace has one, in rows_dtype,
+  for the last segment's tokens."""
   from sdm_jax.ops.sparse_pallas import sparse_delta_pallas
   B, T, H, N, V, W = 1, 48, 1, 64, 32, 16
   f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
   idx = jnp.zeros((B, T, H, W), jnp.int32)
   gate = f32(B, T, H)
   run = lambda table: sparse_delta_pallas(table, idx, f32(B, T, H, W), f32(B, T, H, V), gate, gate, idx,
-                                          f32(B, T, H, W))
-  rows = f"f32[{B},{H},{T},{W},{V}]"
-  table = f32(B, H, N, V)
+                                          f32(B, T, H, W), rows_dtype=rows_dtype, rows_segments=rows_segments)
+  rows = f"{JAXPR_DTYPES[rows_dtype]}[{B},{H},{saved_tokens},{W},{V}]"
+  table = f32(H, N, V)
   assert rows not in str(jax.make_jaxpr(run)(table))
   assert rows in str(jax.make_jaxpr(jax.grad(lambda m: jnp.sum(run(m)[0])))(table))

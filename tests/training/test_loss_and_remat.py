@@ -18,11 +18,11 @@ def rel(x, ref):
   return float(jnp.linalg.norm(jnp.ravel(x - ref)) / jnp.linalg.norm(jnp.ravel(ref)))
 
 
-def small_model(remat="none", pattern="DSM", dtype="float32"):
+def small_model(remat="none", pattern="DSM", dtype="float32", impl="auto"):
   c = default_config()
-  c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=8, pattern=pattern, num_layers=3,
+  c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=8, pattern=pattern, num_layers=len(pattern),
            chunk_size=16, window=6, sdm_num_slots=64, sdm_topk_write=4, sdm_topk_read=3, sdm_key_dim=8,
-           sdm_value_dim=8, sdm_chunk_size=8, remat=remat, dtype=dtype)
+           sdm_value_dim=8, sdm_chunk_size=8, remat=remat, dtype=dtype, impl=impl, sdm_impl=impl)
   return LanguageModel(c, rngs=nnx.Rngs(0))
 
 
@@ -93,3 +93,14 @@ def test_remat_policies_give_the_plain_loss_and_gradients(remat):
 def test_unknown_remat_policy_is_refused():
   with pytest.raises(ValueError, match="remat: expected one of"):
     small_model("everything")
+
+
+def test_dots_kernels_keeps_the_pallas_results_and_gives_the_plain_gradients():
+  # On the CPU impl="auto" is "chunk" and no Pallas kernel runs; here the kernels run in interpret mode, so the
+  # policy's pallas_call branch is what is exercised. The SDM layer also takes its bf16-rows option.
+  b = batch(5)
+  ref_loss, _, ref_grads = grads_of(loss_fn, small_model("none", pattern="DM", impl="pallas"), b)
+  loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern="DM", impl="pallas"), b)
+  assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
+  for name, ref in ref_grads.items():
+    assert rel(grads[name], ref) < 1e-5, name

@@ -1,0 +1,93 @@
+"""GPU check: the SDM op's training memory and time at the paper's layer shape, for each choice of what its backward
+gets the saved rows from (`sparse_delta_rule(impl="pallas", rows_dtype=..., rows_segments=...)`).
+
+  PYTHONPATH=. python3 benchmarks/scripts/sdm_train_memory.py                 # B 4, T 4096, H 2, N 65,536, V 1,024, W = R = 128
+  PYTHONPATH=. python3 benchmarks/scripts/sdm_train_memory.py 1,256,2,4096,128,32   # any B,T,H,N,V,W (R = W); off a GPU
+                                                                                    # compiled memory only (interpret mode)
+
+SDM_OPTIONS: rows_dtype:rows_segments pairs (default float32:1,bfloat16:1,float32:2,bfloat16:2,float32:4,bfloat16:4).
+Per option: the bytes jax.vjp of the op saves for its backward (m0 left out: it is the parameter itself), XLA's compiled
+memory of jit(value_and_grad(loss)) (temp, argument, output; loss = sum(o * r_o), the final table unused as in
+training), and on a GPU the process's peak_bytes_in_use after the option has run and one forward+backward timed
+after a warm one. The peak counter cannot be reset, so the options run in ascending order of saved bytes: an
+option's peak is its own when it exceeds every earlier one ('<=' marks one that did not).
+"""
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sdm_jax.evaluation.sdm_bench import sdm_inputs
+from sdm_jax.ops import sparse_delta_rule
+
+B, T, H, N, V, W = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "4,4096,2,65536,1024,128").split(","))
+OPTIONS = [(d, int(k)) for d, k in (s.split(":") for s in os.environ.get(
+    "SDM_OPTIONS", "float32:1,bfloat16:1,float32:2,bfloat16:2,float32:4,bfloat16:4").split(","))]
+on_gpu = jax.default_backend() == "gpu"
+UNIT, SCALE = ("GB", 1e9) if B * H * T * W * V * 4 > 1e9 else ("MB", 1e6)  # reduced shapes in MB
+
+
+def forward(floats, ints, rows_dtype, rows_segments):
+  return sparse_delta_rule(**floats, **ints, impl="pallas", output_final_state=True, rows_dtype=rows_dtype,
+                           rows_segments=rows_segments)[0]
+
+
+def loss(floats, ints, r_o, rows_dtype, rows_segments):
+  return jnp.sum(forward(floats, ints, rows_dtype, rows_segments).astype(jnp.float32) * r_o)
+
+
+def saved_bytes(floats, ints, option):
+  """Bytes of what jax.vjp of the op keeps for the backward, m0 (the parameter, held anyway) left out."""
+  vjp = jax.eval_shape(lambda fl, it: jax.vjp(lambda f: forward(f, it, *option), fl)[1], floats, ints)
+  leaves = [x for x in jax.tree.leaves(vjp) if (x.shape, x.dtype) != (floats["m0"].shape, floats["m0"].dtype)]
+  return sum(x.size * x.dtype.itemsize for x in leaves)
+
+
+def main():
+  kind = jax.devices()[0].device_kind
+  rows = B * H * T * W * V
+  print(f"B={B} T={T} H={H} N={N} V={V} W=R={W}; {kind}; rows B H T W V = {rows * 4 / SCALE:.2f} {UNIT} fp32, table "
+        f"B H N V = {B * H * N * V * 4 / SCALE:.2f} {UNIT} fp32", flush=True)
+  if on_gpu:
+    floats, ints = sdm_inputs(B, T, H, N, V, W, W, 0)
+    r_o = jnp.asarray(np.random.default_rng(1).standard_normal((B, T, H, V), np.float32))
+    print(f"inputs on the device: {jax.devices()[0].memory_stats()['bytes_in_use'] / SCALE:.2f} {UNIT}", flush=True)
+  else:  # abstract inputs: the compiled memory needs no values
+    floats, ints = jax.eval_shape(lambda: sdm_inputs(B, T, H, N, V, W, W, 0))
+    r_o = jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)
+  saved = {option: saved_bytes(floats, ints, option) for option in OPTIONS}
+  table = [f"| rows_dtype | rows_segments | saved {UNIT} | temp {UNIT} | argument {UNIT} | output {UNIT} | peak {UNIT} | "
+           "fwd+bwd ms |",
+           "|---|---|---|---|---|---|---|---|"]
+  peak_so_far = 0
+  for option in sorted(OPTIONS, key=lambda o: saved[o]):
+    step = jax.jit(jax.value_and_grad(lambda fl, it, r: loss(fl, it, r, *option)))
+    start = time.perf_counter()
+    compiled = step.lower(floats, ints, r_o).compile()
+    compile_s = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    peak, ms = "-", "-"
+    if on_gpu:
+      try:
+        jax.block_until_ready(compiled(floats, ints, r_o))
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(floats, ints, r_o))
+        ms = f"{(time.perf_counter() - start) * 1e3:.1f}"
+        now = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+        peak = f"{now / SCALE:.2f}" if now > peak_so_far else f"<={now / SCALE:.2f}"
+        peak_so_far = max(peak_so_far, now)
+      except Exception as error:  # an option that does not fit is a result
+        ms = f"FAILED {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    line = (f"| {option[0]} | {option[1]} | {saved[option] / SCALE:.2f} | {mem.temp_size_in_bytes / SCALE:.2f} | "
+            f"{mem.argument_size_in_bytes / SCALE:.2f} | {mem.output_size_in_bytes / SCALE:.2f} | {peak} | {ms} |")
+    table.append(line)
+    print(f"{line}  (compile {compile_s:.1f} s)", flush=True)
+  print()
+  print("\n".join(table))
+
+
+if __name__ == "__main__":
+  main()

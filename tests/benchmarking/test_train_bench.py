@@ -1,0 +1,72 @@
+"""The whole-model benchmark on the CPU: one real entry through its own process (the report, table and plot
+it writes), the measurement in-process against what it says it measured, and the FLOP count."""
+
+import json
+import math
+
+import ml_collections
+import pytest
+
+from sdm_jax.benchmarking import train_bench
+from sdm_jax.models import default_config
+
+TINY = "experiments/configs/mqar.py:demo"
+# A one-layer attention model compiles fastest on the CPU; the loop machinery does not depend on the mixer.
+TINY_OVERRIDES = ["model.pattern=\"A\"", "model.num_layers=1"]
+
+
+def specs(**kw):
+  return train_bench.build_specs([TINY], batch=2, seq_len=16, steps=2, warmup=0, log_every=2,
+                                 overrides=TINY_OVERRIDES, **kw)
+
+
+def test_build_specs_expands_remat_policies_and_peers():
+  built = specs(remats=["none", "dots"], peers=["kda"])
+  assert [s["name"] for s in built] == ["demo remat=none", "demo remat=dots", "fla kda"]
+  assert [s["model"]["remat"] for s in built[:2]] == ["none", "dots"]
+  assert built[0]["model"]["pattern"] == "A" and built[0]["batch"] == 2 and built[0]["seq_len"] == 16
+  assert built[2]["peer"] == "kda" and built[2]["mlp_hidden"] == round(4.0 * 64)
+  with pytest.raises(ValueError, match="overrides: expected model.<field>=value"):
+    train_bench.build_specs([TINY], overrides=["model.no_such_field=1"])
+  with pytest.raises(ValueError, match="configs: expected 'path/to/config.py:variant'"):
+    train_bench.build_specs(["no/such/config.py:x"])
+
+
+def test_measure_reports_steps_tokens_and_flops():
+  spec = specs()[0]
+  result = train_bench.measure(spec)
+  assert result["params"] > result["non_embedding_params"] > 0
+  assert math.isfinite(result["loss"])
+  for key in ("ms_per_step_synced", "ms_per_step_loop"):
+    assert result[key] > 0
+  assert result["tokens_per_s"] == pytest.approx(2 * 16 / result["ms_per_step_loop"] * 1e3)
+  model = ml_collections.ConfigDict(spec["model"])
+  flops = 6 * result["non_embedding_params"] + train_bench.mixer_flops_per_token(model, 16)
+  assert result["flops_per_token"] == pytest.approx(flops)
+
+
+def test_mixer_flops_count_each_letter():
+  c = default_config()
+  c.update(num_layers=4, pattern="DSAM", num_heads=2, head_dim=8, value_dim=4, chunk_size=16, window=6,
+           sdm_heads=3, sdm_value_dim=5, sdm_topk_write=2, sdm_topk_read=7, sdm_num_slots=64, sdm_key_dim=4)
+  delta = 2 * (6 * 8 * 4 + 2 * 16 * (8 + 4))
+  sliding, full = 2 * 4 * 8 * 6, 2 * 4 * 8 * 50
+  sdm = 3 * (2 * 5 * (3 * 2 + 7) + 4 * 8 * 4 * 2)
+  assert train_bench.mixer_flops_per_token(c, 100) == 3 * (delta + sliding + full + sdm)
+
+
+def test_run_writes_the_report_from_its_own_processes(tmp_path):
+  results = train_bench.run(specs(), str(tmp_path), "smoke", timeout_s=600, log=lambda line: None)
+  assert len(results) == 1 and not results[0].get("error"), results
+  report = json.loads(next(tmp_path.glob("*_smoke.json")).read_text())
+  assert report["results"][0]["ms_per_step_loop"] == results[0]["ms_per_step_loop"]
+  assert "| demo remat=none |" in next(tmp_path.glob("*_smoke.md")).read_text()
+  assert next(tmp_path.glob("*_smoke.png")).stat().st_size > 0
+
+
+def test_a_failing_entry_is_recorded_not_raised(tmp_path):
+  bad = specs()[0]
+  bad["model"]["remat"] = "everything"
+  result = train_bench.run_process(bad, str(tmp_path), 600, log=lambda line: None)
+  assert "remat: expected one of" in result["error"]
+  assert "error:" in train_bench.table([result])
