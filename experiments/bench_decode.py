@@ -14,14 +14,14 @@ CPU backend the defaults shrink (contexts 64,256, width 64, 2 heads of 32, 8 ste
 from absl import app, flags
 
 from experiments import cli
-from experiments.configs.common import VARIANTS, model_config
-from sdm_jax.evaluation.decode_bench import ATTENTION, format_table, run_sweep, write_report
-from sdm_jax.evaluation.timing import run_metadata
+from experiments.configs.common import MIXERS, VARIANTS, model_config
+from sdm_jax.benchmarking.decode_bench import ATTENTION, format_table, run_sweep, write_report
+from sdm_jax.benchmarking.timing import run_metadata
 from sdm_jax.models import layer_letters
 
 CHOICES = VARIANTS + (ATTENTION,)
 
-flags.DEFINE_list("variants", ["gdn", "kda", "fg2_gdn", "fg2_gdn_plus", "gdn2", "sdm", ATTENTION],
+flags.DEFINE_list("variants", [*MIXERS, "sdm", ATTENTION],
                   f"Models to time, from {CHOICES}.")
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
 flags.DEFINE_list("contexts", ["1024", "4096", "16384", "65536"], "Tokens already in the cache when decoding starts.")

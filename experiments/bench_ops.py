@@ -12,9 +12,9 @@ import os
 from absl import app, flags
 
 from experiments import cli
-from sdm_jax.evaluation.op_bench import format_table, merge_reports, parse_shapes, run_sweep, write_report
-from sdm_jax.evaluation.op_inputs import MIXERS
-from sdm_jax.evaluation.timing import run_metadata
+from sdm_jax.benchmarking.op_bench import format_table, merge_reports, parse_shapes, run_sweep, write_report
+from sdm_jax.benchmarking.timing import run_metadata
+from sdm_jax.ops import MIXERS
 
 flags.DEFINE_list("mixers", ["kda", "gdn2"], f"Mixers to time, from {sorted(MIXERS)}.")
 flags.DEFINE_list("impls", ["chunk"], "Impls to time (scan, chunk, pallas).")

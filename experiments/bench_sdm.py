@@ -13,8 +13,8 @@ k=128, sub-key dim 128. On a CPU backend every size shrinks unless given. Writes
 from absl import app, flags
 
 from experiments import cli
-from sdm_jax.evaluation import sdm_bench
-from sdm_jax.evaluation.timing import error_text, run_metadata
+from sdm_jax.benchmarking import sdm_bench
+from sdm_jax.benchmarking.timing import error_text, run_metadata
 
 flags.DEFINE_string("shape", "4x4096", "B x T of the SDM and GDN runs.")
 flags.DEFINE_integer("sdm_heads", 2, "H of the SDM.")

@@ -13,9 +13,9 @@ from absl import app, flags
 import jax
 
 from experiments import cli
-from sdm_jax.evaluation.op_compare import compare_impls, format_report
-from sdm_jax.evaluation.op_inputs import MIXERS
-from sdm_jax.evaluation.timing import run_metadata
+from sdm_jax.benchmarking.op_compare import compare_impls, format_report
+from sdm_jax.benchmarking.timing import run_metadata
+from sdm_jax.ops import MIXERS
 
 flags.DEFINE_enum("mixer", "gdn2", list(MIXERS), "Which mixer to run.")
 flags.DEFINE_list("impls", ["scan", "chunk"], "Impls to compare; the first is the reference.")

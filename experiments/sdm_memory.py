@@ -7,7 +7,7 @@ Compiles only (XLA's memory analysis); nothing runs, so it works on a CPU for GP
 
 from absl import app, flags
 
-from sdm_jax.evaluation.sdm_memory import compiled_memory
+from sdm_jax.benchmarking.sdm_memory import compiled_memory
 
 flags.DEFINE_integer("batch", 1, "B.")
 flags.DEFINE_integer("seq_len", 4096, "T.")

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.evaluation.timing import compile_timed, kernel_times, median_ms, timer_name
+from sdm_jax.benchmarking.timing import compile_timed, kernel_times, median_ms, timer_name
 
 
 def gdn2_inputs(B, T, H, K, V, seed, dtype=jnp.float32):

@@ -19,8 +19,8 @@ warnings.filterwarnings("ignore")
 import jax
 import numpy as np
 
-from sdm_jax.evaluation import fla_peer
-from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
+from sdm_jax.benchmarking import fla_peer
+from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
 
 from probe_common import breakdown
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from pallas_kernels.delta_rule_fwd import chunk_cumsum
 from pallas_kernels.mixer_inputs import mixer_inputs, reference_inputs
-from sdm_jax.ops import gdn2, kda
+from sdm_jax.ops import MIXERS
+from sdm_jax.ops.registry import gate_shapes
 
 from probe_common import Timer
 
@@ -38,11 +39,9 @@ def inputs(mixer, seed):
   r = np.random.default_rng(seed)
   x = lambda *s: jnp.asarray(r.standard_normal(s, np.float32), jnp.bfloat16)
   gate = lambda *s: jnp.asarray(r.uniform(size=s).astype(np.float32), jnp.bfloat16)
-  g = jnp.zeros((B, T, H, K), jnp.float32)
-  gates = [gate(B, T, H, K), gate(B, T, H, V)] if mixer == "gdn2" else [gate(B, T, H)]
-  build, q, k, v, _ = {"gdn2": gdn2, "kda": kda}[mixer].__wrapped__(x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), g,
-                                                                  *gates)
-  return build, [q, k, v, *gates]
+  shape = gate_shapes(B, T, H, K, V)
+  gates = [gate(*shape[kind]) for _, kind in MIXERS[mixer].gates]
+  return MIXERS[mixer].build, [x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), *gates]
 
 
 for mixer in ("gdn2", "kda"):

@@ -9,7 +9,7 @@ import timeit
 import jax
 import jax.numpy as jnp
 
-from sdm_jax.evaluation.sdm_bench import sdm_inputs
+from sdm_jax.benchmarking.sdm_bench import sdm_inputs
 from sdm_jax.ops import sparse_delta_rule
 
 B, T, H, N, V, W, R = 1, 2048, 1, 4096, 64, 16, 16

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
-from sdm_jax.evaluation.sdm_bench import sdm_inputs
-from sdm_jax.evaluation.timing import timer_name
+from sdm_jax.benchmarking.sdm_bench import sdm_inputs
+from sdm_jax.benchmarking.timing import timer_name
 from sdm_jax.ops import sparse_delta_rule
 from sdm_jax.ops.sparse_pallas import _backward_args, _forward, _forward_args
 

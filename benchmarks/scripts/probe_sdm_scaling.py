@@ -10,7 +10,7 @@ sys.path.insert(0, ".")
 from sdm_jax.ops import sparse_chunk as new
 spec = importlib.util.spec_from_file_location("old_sparse_chunk", sys.argv[1])
 old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
-from sdm_jax.evaluation.timing import median_ms
+from sdm_jax.benchmarking.timing import median_ms
 B, T, H, V, W, C = 1, 256, 2, 64, 16, 16
 print(f"B={B} T={T} H={H} V={V} W=R={W} chunk={C}, {jax.devices()[0].device_kind}")
 for N in (4096, 65536, 262144):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.evaluation.sdm_bench import sdm_inputs
+from sdm_jax.benchmarking.sdm_bench import sdm_inputs
 from sdm_jax.ops import sparse_delta_rule
 
 B, T, H, N, V, W = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "4,4096,2,65536,1024,128").split(","))

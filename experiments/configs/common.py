@@ -2,9 +2,11 @@
 
 import ml_collections
 
+from sdm_jax import ops
 from sdm_jax.models.config import default_config as default_model_config
+from sdm_jax.training.steps import LOSS_CHUNK_TOKENS
 
-MIXERS = ("gdn", "kda", "fg2_gdn", "fg2_gdn_plus", "gdn2")
+MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
 # (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN
 # 3 : 1 full attention, and 3 sliding-window attention : 1 Sparse Delta Memory.
 HYBRIDS = {
@@ -46,4 +48,5 @@ def train_config(steps, learning_rate, *, warmup_steps=100, log_every=20, eval_e
   train.checkpoint_every = checkpoint_every
   train.keep_checkpoints = 3
   train.fsdp = False
+  train.loss_chunk_tokens = LOSS_CHUNK_TOKENS
   return train

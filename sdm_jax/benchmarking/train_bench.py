@@ -74,7 +74,7 @@ def _peak_bytes():
 
 def _kernel_summary(run, top=12):
   """[(kernel name, ms)] of one synchronised run, summed by name, largest first (CUPTI; None off the GPU)."""
-  from sdm_jax.evaluation.timing import _cupti, kernel_times
+  from sdm_jax.benchmarking.timing import _cupti, kernel_times
   if _cupti() is None:
     return None
   sums = {}
@@ -322,7 +322,7 @@ def plot(results, path, baseline=None):
 
 def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, log=print):
   """Runs every spec in its own process, in order; rewrites the report after each. Returns the results."""
-  from sdm_jax.evaluation.timing import write_tables
+  from sdm_jax.benchmarking.timing import write_tables
   meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(sys.argv), "config": {
       "entries": [s["name"] for s in specs]}}
   results = []

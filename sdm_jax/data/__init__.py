@@ -1,5 +1,5 @@
 """grain pipelines: synthetic recall tasks (MQAR, needle in a haystack) and byte-level language modelling."""
 
-from sdm_jax.data.pipeline import default_data_config, make_dataset, make_iterator
+from sdm_jax.data.pipeline import TASKS, default_data_config, make_dataset, make_iterator
 
-__all__ = ["default_data_config", "make_dataset", "make_iterator"]
+__all__ = ["TASKS", "default_data_config", "make_dataset", "make_iterator"]

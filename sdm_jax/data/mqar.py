@@ -10,13 +10,16 @@ positions whose next token is a queried value are scored (mask 1).
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
+from sdm_jax.data import task
 from sdm_jax.data.seeding import example_rng
 
 PAD_ID = 0
 NUM_SPECIAL_TOKENS = 1
+EVAL_EXAMPLES = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +89,14 @@ def make_example(config, split, index):
   mask = np.zeros(seq_len, np.float32)
   mask[key_positions] = 1.0
   return {"inputs": tokens[:-1].astype(np.int32), "targets": tokens[1:].astype(np.int32), "mask": mask}
+
+
+def default_config():
+  """The task's fields of the data config: MQARConfig's defaults and the number of validation examples."""
+  return {**task.defaults(MQARConfig), "eval_examples": EVAL_EXAMPLES}
+
+
+def examples(data, split):
+  """make_example over indices 0, 1, ... of `split` as a grain.MapDataset: data.eval_examples in validation."""
+  return task.indexed_examples(functools.partial(make_example, task.from_data(MQARConfig, data), split), split,
+                               data.eval_examples)

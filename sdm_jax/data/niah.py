@@ -11,14 +11,17 @@ num_needles keys are asked, in random order; only the answer bytes are scored. T
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
+from sdm_jax.data import task, text
 from sdm_jax.data.seeding import example_rng
 
 QUERY_ID = 256
 ANSWER_ID = 257
 VOCAB_SIZE = 258
+EVAL_EXAMPLES = 1024
 HAYSTACKS = ("noise", "text")
 NOISE_TEXT = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 _NEEDLE_PREFIX = b"\nOne of the special magic numbers for "
@@ -115,6 +118,21 @@ def make_example(config, split, index, corpus=None):
   for start in np.flatnonzero(tokens == ANSWER_ID):
     mask[start:start + config.value_length] = 1.0
   return {"inputs": tokens[:-1], "targets": tokens[1:], "mask": mask}
+
+
+def default_config():
+  """The task's fields of the data config: NIAHConfig's defaults, the number of validation examples and the fields of
+  the text haystack's corpus."""
+  return {"vocab_size": VOCAB_SIZE, **task.defaults(NIAHConfig), "eval_examples": EVAL_EXAMPLES,
+          **task.defaults(text.CorpusConfig)}
+
+
+def examples(data, split):
+  """make_example over indices 0, 1, ... of `split` as a grain.MapDataset: data.eval_examples in validation."""
+  config = task.from_data(NIAHConfig, data)
+  corpus = task.from_data(text.CorpusConfig, data).load(split) if config.haystack == "text" else None
+  return task.indexed_examples(functools.partial(make_example, config, split, corpus=corpus), split,
+                               data.eval_examples)
 
 
 def exact_match(pred_tokens, example):

@@ -1,4 +1,4 @@
-"""The grain pipeline: examples -> (per-epoch shuffle for text) -> per-shard batches -> a checkpointable iterator.
+"""The grain pipeline: a task's examples (TASKS[data.name]) -> per-shard batches -> a checkpointable iterator.
 
 Every stage before to_iter_dataset is a random-access grain.MapDataset, so an iterator's whole state is the index of
 its next batch ({"next_index": n}) and a restored iterator recomputes exactly the batches that would have followed.
@@ -10,24 +10,29 @@ in shard order gives exactly the n-th batch of shard_count=1, which is the proce
 jax.make_array_from_process_local_data assembles a global batch (shard_index = jax.process_index()).
 """
 
-import dataclasses
-import functools
-import sys
-
 import grain
 import ml_collections
-import numpy as np
 
 from sdm_jax.data import mqar, niah, text
 from sdm_jax.data.seeding import check_split
 
-NAMES = ("mqar", "niah", "text")
+# The data tasks by name: each provides default_config() and examples(data, split), as sdm_jax/data/task.py describes.
+# A new task is a new module and one entry here.
+TASKS = {"mqar": mqar, "niah": niah, "text": text}
+
+
+def _task(name):
+  if name not in TASKS:
+    raise ValueError(f"data.name: expected one of {tuple(TASKS)}, got {name!r}")
+  return TASKS[name]
 
 
 def default_data_config(name):
-  """The `data` sub-config of task `name`: batch_size is global (all shards), seq_len counts input tokens."""
-  if name not in NAMES:
-    raise ValueError(f"data.name: expected one of {NAMES}, got {name!r}")
+  """The `data` sub-config of task `name`: batch_size is global (all shards), seq_len counts input tokens.
+
+  The common fields are set here, the task's own fields come from TASKS[name].default_config().
+  """
+  task_fields = _task(name).default_config()
   data = ml_collections.ConfigDict()
   data.name = name
   data.seed = 0
@@ -35,66 +40,16 @@ def default_data_config(name):
   # The prefetch buffer counts batches; grain's default of 500 would hold hundreds of MB of long-context batches.
   data.num_threads = 2
   data.prefetch_buffer_size = 8
-  if name == "mqar":
-    data.vocab_size = 8192
-    data.seq_len = 256
-    data.num_kv_pairs = 16
-    data.num_queries = 16
-    data.noise = False
-    data.key_range = None
-    data.value_range = None
-    data.eval_examples = 1024
-  elif name == "niah":
-    data.vocab_size = niah.VOCAB_SIZE
-    data.seq_len = 4096
-    data.num_needles = 1
-    data.num_queries = 1
-    data.haystack = "noise"
-    data.key_length = 8
-    data.value_length = 7
-    data.eval_examples = 1024
-    data.validation_fraction = 0.05
-    data.max_bytes = None
-  else:
-    data.vocab_size = text.VOCAB_SIZE
-    data.seq_len = 1024
-    data.validation_fraction = 0.05
-    data.max_bytes = None
+  if shadowed := sorted(set(data) & set(task_fields)):
+    raise ValueError(f"{name}.default_config(): the common fields {shadowed} are set by default_data_config")
+  data.update(task_fields)
   return data
-
-
-def _task_config(cls, data):
-  names = [field.name for field in dataclasses.fields(cls)]
-  missing = [name for name in names if name not in data]
-  if missing:
-    raise ValueError(f"config.data: {data.name} needs the fields {missing}; start from default_data_config")
-  return cls(**{name: data[name] for name in names})
 
 
 def make_examples(data, split):
   """The unbatched examples of `split` as a grain.MapDataset; train sets are infinite (len sys.maxsize)."""
   check_split(split)
-  if data.name not in NAMES:
-    raise ValueError(f"data.name: expected one of {NAMES}, got {data.name!r}")
-  if data.name == "text":
-    corpus = text.load_corpus(split, validation_fraction=data.validation_fraction, max_bytes=data.max_bytes)
-    examples = grain.MapDataset.source(text.PackedSequences(corpus, data.seq_len))
-    if split == "train":
-      # shuffle folds the epoch into its seed (seed + epoch); mixing the seed first keeps seed s + 1 from replaying
-      # epoch 1 of seed s.
-      shuffle_seed = int(np.random.SeedSequence(data.seed).generate_state(1)[0])
-      examples = examples.shuffle(seed=shuffle_seed).repeat()
-    return examples
-  if data.name == "mqar":
-    make_example = functools.partial(mqar.make_example, _task_config(mqar.MQARConfig, data), split)
-  else:
-    config = _task_config(niah.NIAHConfig, data)
-    corpus = None
-    if config.haystack == "text":
-      corpus = text.load_corpus(split, validation_fraction=data.validation_fraction, max_bytes=data.max_bytes)
-    make_example = functools.partial(niah.make_example, config, split, corpus=corpus)
-  num_examples = sys.maxsize if split == "train" else data.eval_examples
-  return grain.MapDataset.range(num_examples).map(make_example)
+  return _task(data.name).examples(data, split)
 
 
 def make_dataset(config, split, *, shard_index=0, shard_count=1):

@@ -6,18 +6,22 @@ concatenated with SEPARATOR between them and cut into windows of seq_len + 1 byt
 byte after the first is a target exactly once. Nothing is written to disk.
 """
 
+import dataclasses
 import hashlib
 import os
 import pathlib
 import sysconfig
 
+import grain
 import numpy as np
 
+from sdm_jax.data import task
 from sdm_jax.data.seeding import check_split
 
 # NUL never occurs in Python source text, so it marks a file boundary without being confused with content.
 SEPARATOR = 0
 VOCAB_SIZE = 256
+VALIDATION_FRACTION = 0.05
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 
 
@@ -47,14 +51,14 @@ def split_of(relative_path, validation_fraction):
   return "validation" if int.from_bytes(digest[:8], "little") / 2**64 < validation_fraction else "train"
 
 
-def split_files(split, *, validation_fraction=0.05, root=None):
+def split_files(split, *, validation_fraction=VALIDATION_FRACTION, root=None):
   """The sorted files of `split`."""
   check_split(split)
   root = pathlib.Path(root) if root is not None else stdlib_root()
   return [path for path in list_files(root) if split_of(path.relative_to(root), validation_fraction) == split]
 
 
-def load_corpus(split, *, validation_fraction=0.05, max_bytes=None, root=None):
+def load_corpus(split, *, validation_fraction=VALIDATION_FRACTION, max_bytes=None, root=None):
   """The bytes of `split`'s files joined by SEPARATOR, as a read-only uint8 array of at most max_bytes bytes.
 
   Files are read in sorted order and reading stops once max_bytes are gathered, so a small max_bytes reads little.
@@ -91,3 +95,37 @@ class PackedSequences:
     start = index * self._seq_len
     window = self._corpus[start:start + self._seq_len + 1].astype(np.int32)
     return {"inputs": window[:-1], "targets": window[1:], "mask": np.ones(self._seq_len, np.float32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusConfig:
+  """Which bytes of the stdlib a split reads (see split_of and load_corpus); also the text haystack of niah."""
+  validation_fraction: float = VALIDATION_FRACTION
+  max_bytes: int | None = None
+
+  def load(self, split):
+    return load_corpus(split, validation_fraction=self.validation_fraction, max_bytes=self.max_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig(CorpusConfig):
+  """Windows of seq_len + 1 bytes of the corpus; the train windows are reshuffled each epoch from seed."""
+  seq_len: int = 1024
+  seed: int = 0
+
+
+def default_config():
+  """The task's fields of the data config: the byte vocabulary and TextConfig's defaults."""
+  return {"vocab_size": VOCAB_SIZE, **task.defaults(TextConfig)}
+
+
+def examples(data, split):
+  """The PackedSequences of `split` as a grain.MapDataset: in order for validation, shuffled and repeated for train."""
+  config = task.from_data(TextConfig, data)
+  windows = grain.MapDataset.source(PackedSequences(config.load(split), config.seq_len))
+  if split == "train":
+    # shuffle folds the epoch into its seed (seed + epoch); mixing the seed first keeps seed s + 1 from replaying
+    # epoch 1 of seed s.
+    shuffle_seed = int(np.random.SeedSequence(config.seed).generate_state(1)[0])
+    windows = windows.shuffle(seed=shuffle_seed).repeat()
+  return windows

@@ -1,1 +1,1 @@
-"""Measuring the ops and models: random op inputs, impl comparison, throughput."""
+"""Model evaluation: recall accuracy, perplexity and run summaries (op and model timing is sdm_jax.benchmarking)."""

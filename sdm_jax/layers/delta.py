@@ -1,4 +1,4 @@
-"""One layer for the five dense delta-rule mixers (SPEC.md sections 1 and 4); a variant is a row of a table.
+"""One layer for every dense delta-rule mixer of the registry `ops.MIXERS` (SPEC.md sections 1 and 4).
 
     q, k, v = SiLU(CausalConv(W x)),  g = LogDecay(x),  gates = sigmoid(W x)
     o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(W x))
@@ -24,40 +24,39 @@ DECAY_RANK = 128
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
-  op: str  # the function in sdm_jax.ops
-  decay: str  # "head": a scalar per head; "key": one per key channel
-  gates: tuple  # (op argument, "head" | "key" | "value"): each gate is sigmoid(Linear(width -> H * size))
-  output_gate: str  # activation of the output gate: "silu" or "sigmoid"
-  # The output gate's f: a full Linear(width -> H * V), or with a rank, width -> rank -> H * V plus a bias
-  # (KDA: Kimi Linear's low-rank output gate, rank = the head's value width, as fla's KDA layer builds it).
-  output_gate_rank: str | None = None  # None or "value": rank V
+class OutputGate:
+  """The layer's output gate, activation(f(x)): f a full Linear(width -> H * V), or with a rank,
+  width -> rank -> H * V plus a bias."""
+  activation: str  # "silu" or "sigmoid"
+  rank: str | None = None  # None or "value": rank V
 
 
-VARIANTS = {
-    "gdn": Variant("gated_delta_rule", "head", (("beta", "head"),), "silu"),
-    "kda": Variant("kda", "key", (("beta", "head"),), "sigmoid", output_gate_rank="value"),
-    "fg2_gdn": Variant("fg2_gdn", "key", (("beta", "key"),), "sigmoid"),
-    "fg2_gdn_plus": Variant("fg2_gdn_plus", "key", (("beta_k", "key"), ("beta_v", "value")), "sigmoid"),
-    "gdn2": Variant("gdn2", "key", (("b", "key"), ("w", "value")), "silu"),
+# The papers' output gates (SPEC.md section 4); KDA's is Kimi Linear's low-rank gate, rank the head's value width,
+# as fla's KDA layer builds it. Op, decay and gates come from the registry (`ops.MIXERS`); a registered mixer
+# not listed here gets DEFAULT_OUTPUT_GATE.
+OUTPUT_GATES = {
+    "gdn": OutputGate("silu"),
+    "kda": OutputGate("sigmoid", rank="value"),
+    "fg2_gdn": OutputGate("sigmoid"),
+    "fg2_gdn_plus": OutputGate("sigmoid"),
+    "gdn2": OutputGate("silu"),
 }
+DEFAULT_OUTPUT_GATE = OutputGate("sigmoid")
 ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
 
 
 class DeltaMixer(RecurrentMixer):
-  """A dense delta-rule token mixer: GDN, KDA, FG2-GDN, FG2-GDN+ or GDN-2 (`mixer`).
+  """A dense delta-rule token mixer: `mixer` is a name in `ops.MIXERS` (gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2).
 
   x: [B, T, width] -> [B, T, width]; H = num_heads, K = head_dim (keys), V = value_dim (values per head).
   """
 
   def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, impl="auto", chunk_size=64,
                conv_size=4, dtype=jnp.float32, rngs):
-    if mixer not in VARIANTS:
-      raise ValueError(f"mixer: expected one of {tuple(VARIANTS)}, got {mixer!r}")
-    if mixer == "fg2_gdn" and head_dim != value_dim:
-      raise ValueError(f"value_dim: fg2_gdn scales k and v by the same gate, so it needs value_dim == head_dim "
-                       f"= {head_dim}, got {value_dim}; use fg2_gdn_plus")
-    variant = VARIANTS[mixer]
+    if mixer not in ops.MIXERS:
+      raise ValueError(f"mixer: expected one of {tuple(ops.MIXERS)}, got {mixer!r}")
+    variant, out_gate = ops.MIXERS[mixer], OUTPUT_GATES.get(mixer, DEFAULT_OUTPUT_GATE)
+    variant.check_dims("value_dim", head_dim, value_dim)
     H, K, V = num_heads, head_dim, value_dim
     size = {"head": 1, "key": K, "value": V}
     linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
@@ -71,14 +70,14 @@ class DeltaMixer(RecurrentMixer):
     for name, shape in variant.gates:
       setattr(self, f"{name}_proj", linear(width, H * size[shape]))
     self.o_norm = RMSNorm(V)
-    if variant.output_gate_rank is None:
+    if out_gate.rank is None:
       self.out_gate_proj = linear(width, H * V)
     else:
       self.out_gate_proj = nnx.Sequential(
-          linear(width, size[variant.output_gate_rank]),
-          nnx.Linear(size[variant.output_gate_rank], H * V, use_bias=True, dtype=dtype, rngs=rngs))
+          linear(width, size[out_gate.rank]),
+          nnx.Linear(size[out_gate.rank], H * V, use_bias=True, dtype=dtype, rngs=rngs))
     self.o_proj = linear(H * V, width)
-    self.mixer, self.variant = mixer, variant
+    self.mixer, self.variant, self.out_gate = mixer, variant, out_gate
     self.num_heads, self.head_dim, self.value_dim = H, K, V
     self.impl, self.chunk_size = impl, chunk_size
 
@@ -105,8 +104,8 @@ class DeltaMixer(RecurrentMixer):
     for name, shape in self.variant.gates:
       gate = heads(jax.nn.sigmoid(getattr(self, f"{name}_proj")(x).astype(jnp.float32)))
       gates[name] = gate[..., 0] if shape == "head" else gate
-    o, new_cache["S"] = getattr(ops, self.variant.op)(
+    o, new_cache["S"] = self.variant.op(
         q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=impl, chunk_size=self.chunk_size,
         initial_state=cache["S"], output_final_state=True)
-    out_gate = ACTIVATIONS[self.variant.output_gate](heads(self.out_gate_proj(x)))
+    out_gate = ACTIVATIONS[self.out_gate.activation](heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), new_cache

@@ -19,7 +19,8 @@ KEY = ("B", "T", "H", "K")
 VALUE = ("B", "T", "H", "V")
 HEAD = ("B", "T", "H")
 STATE = ("B", "H", "K", "V")
-KINDS = {KEY: "key", VALUE: "value", HEAD: "head"}
+# A gate's kind and its dimension names.
+GATE_KINDS = {"head": HEAD, "key": KEY, "value": VALUE}
 
 
 def _rule_options(q, z, g, scale, initial_state, acc):
@@ -66,7 +67,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
               chunk_size):
   """Checks a mixer's inputs, forms (u, e, z) = build(k, v, *gates other than g) and runs the rule.
 
-  gates: ordered {name: (array, dimension names)}, the log decay g first. impl="pallas" hands build to its
+  gates: ordered {name: (array, kind in GATE_KINDS)}, the log decay g first. impl="pallas" hands build to its
   kernels (`pallas.delta_rule_pallas`, io in v's dtype); the others form q, u, e, z by XLA in the accumulation
   dtype.
   impl "auto" is resolved here, once ("pallas" on a GPU, else "chunk").
@@ -77,13 +78,13 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   check_shape("q", q, KEY, dims)
   check_shape("k", k, KEY, dims)
   check_shape("v", v, VALUE, dims)
-  for name, (x, names) in gates.items():
-    check_shape(name, x, names, dims)
+  for name, (x, kind) in gates.items():
+    check_shape(name, x, GATE_KINDS[kind], dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
   g, *arrays = [x for x, _ in gates.values()]
   if impl == "pallas":
-    kinds = ("key", "value") + tuple(KINDS[names] for _, names in list(gates.values())[1:])
+    kinds = ("key", "value") + tuple(kind for _, kind in list(gates.values())[1:])
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
     scalar_decay = g.ndim == 3
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)

@@ -1,6 +1,9 @@
-"""make_dataset / make_iterator: shapes, determinism, exact sharding of the global batch, checkpointable iterators."""
+"""make_dataset / make_iterator: tasks found by name, shapes, determinism, exact sharding of the global batch,
+checkpointable iterators."""
 
 import json
+import re
+import types
 
 import grain
 import ml_collections
@@ -8,9 +11,10 @@ import numpy as np
 import pytest
 from etils import epath
 
-from sdm_jax.data import default_data_config, make_dataset, make_iterator
+from sdm_jax.data import TASKS, default_data_config, make_dataset, make_iterator, task
 from sdm_jax.data.pipeline import make_examples
 
+# A small config of every registered task; a task missing here fails the tests parametrized over TASKS.
 SMALL = {
     "mqar": dict(vocab_size=64, seq_len=32, num_kv_pairs=4, num_queries=3, batch_size=8, eval_examples=40),
     "niah": dict(seq_len=512, num_needles=2, num_queries=2, haystack="text", batch_size=4, eval_examples=16,
@@ -19,10 +23,10 @@ SMALL = {
 }
 
 
-def _config(task, **fields):
+def _config(task_name, **fields):
   config = ml_collections.ConfigDict()
-  config.data = default_data_config(task)
-  config.data.update({**SMALL[task], **fields})
+  config.data = default_data_config(task_name)
+  config.data.update({**SMALL[task_name], **fields})
   return config
 
 
@@ -38,7 +42,7 @@ def _assert_same(batches, others):
       np.testing.assert_array_equal(batch[key], other[key])
 
 
-@pytest.mark.parametrize("name", ["mqar", "niah", "text"])
+@pytest.mark.parametrize("name", sorted(TASKS))
 @pytest.mark.parametrize("split", ["train", "validation"])
 def test_batches_have_the_declared_shapes(name, split):
   config = _config(name)
@@ -50,13 +54,57 @@ def test_batches_have_the_declared_shapes(name, split):
   np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
 
 
-@pytest.mark.parametrize("name", ["mqar", "niah", "text"])
+@pytest.mark.parametrize("name", sorted(TASKS))
 def test_same_seed_same_batches_other_seed_other_batches(name):
   batches = _take(make_iterator(_config(name, seed=5), "train"), 3)
   # Batches are functions of their index alone, so the reader's thread count cannot change them.
   _assert_same(batches, _take(make_iterator(_config(name, seed=5, num_threads=0), "train"), 3))
   others = _take(make_iterator(_config(name, seed=6), "train"), 3)
   assert not any(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(batches, others))
+
+
+def _toy_examples(data, split):
+  """Example i of the toy task is i (train) or 1000 + i (validation) at every position, so a batch shows its indices."""
+  offset = 0 if split == "train" else 1000
+
+  def make_example(index):
+    tokens = np.full(data.seq_len + 1, offset + index, np.int32)
+    return {"inputs": tokens[:-1], "targets": tokens[1:], "mask": np.ones(data.seq_len, np.float32)}
+
+  return task.indexed_examples(make_example, split, data.eval_examples)
+
+
+TOY_TASK = types.SimpleNamespace(default_config=lambda: {"vocab_size": 2000, "seq_len": 3, "eval_examples": 10},
+                                 examples=_toy_examples)
+
+
+def _first_tokens(batches):
+  return [batch["inputs"][:, 0].tolist() for batch in batches]
+
+
+def test_a_registered_task_flows_through_the_pipeline(monkeypatch):
+  monkeypatch.setitem(TASKS, "toy", TOY_TASK)
+  config = ml_collections.ConfigDict()
+  config.data = default_data_config("toy")
+  assert (config.data.name, config.data.seed, config.data.seq_len, config.data.eval_examples) == ("toy", 0, 3, 10)
+  config.data.batch_size = 4
+  train = _take(make_iterator(config, "train"), 2)
+  assert train[0]["inputs"].shape == (4, 3) and _first_tokens(train) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert _first_tokens(_take(make_iterator(config, "train", shard_index=1, shard_count=2), 2)) == [[2, 3], [6, 7]]
+  # 10 validation examples make two whole batches of 4.
+  assert _first_tokens(make_dataset(config, "validation")) == [[1000, 1001, 1002, 1003], [1004, 1005, 1006, 1007]]
+
+
+def test_task_names_and_fields_are_checked(monkeypatch):
+  with pytest.raises(ValueError, match=re.escape(f"data.name: expected one of {tuple(TASKS)}, got 'wikitext'")):
+    default_data_config("wikitext")
+  monkeypatch.setitem(TASKS, "toy", types.SimpleNamespace(default_config=lambda: {"seed": 1, "seq_len": 3}))
+  with pytest.raises(ValueError, match=re.escape("the common fields ['seed']")):
+    default_data_config("toy")
+  config = _config("mqar")
+  del config.data.num_kv_pairs
+  with pytest.raises(ValueError, match=re.escape("mqar needs the fields ['num_kv_pairs']")):
+    make_dataset(config, "train")
 
 
 @pytest.mark.parametrize("name, split", [("mqar", "train"), ("text", "train"), ("text", "validation"),
@@ -84,7 +132,7 @@ def test_validation_is_finite_whole_global_batches():
   assert [len(list(make_dataset(config, "validation", shard_index=k, shard_count=2))) for k in (0, 1)] == [5, 5]
 
 
-@pytest.mark.parametrize("name", ["mqar", "niah", "text"])
+@pytest.mark.parametrize("name", sorted(TASKS))
 @pytest.mark.parametrize("shard_index, shard_count", [(0, 1), (1, 2)])
 def test_restored_iterator_continues_exactly(name, shard_index, shard_count):
   config = _config(name)

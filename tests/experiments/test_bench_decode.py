@@ -1,4 +1,4 @@
-"""The decode benchmark (sdm_jax/evaluation/decode_bench.py behind experiments/bench_decode.py) on tiny CPU models."""
+"""The decode benchmark (sdm_jax/benchmarking/decode_bench.py behind experiments/bench_decode.py) on tiny CPU models."""
 
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 
 from experiments import bench_decode
-from sdm_jax.evaluation import decode_bench
-from sdm_jax.evaluation.decode_bench import ATTENTION, run_sweep
+from sdm_jax.benchmarking import decode_bench
+from sdm_jax.benchmarking.decode_bench import ATTENTION, run_sweep
 
 SIZES = {"vocab_size": 32, "width": 16, "num_layers": 4, "num_heads": 2, "head_dim": 8}
 # A 4-slot window below both contexts, so the SDM hybrid's cache is full-sized at each.

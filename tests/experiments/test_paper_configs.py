@@ -6,7 +6,7 @@ from flax import nnx
 
 from experiments.configs import paper
 from experiments.configs.common import MIXERS, VARIANTS
-from sdm_jax.layers import VARIANTS as LAYER_VARIANTS
+from sdm_jax import ops
 from sdm_jax.models import LanguageModel, count_params, layer_letters
 
 # fla's GatedMLP hidden for hidden_ratio 4: 2/3 * 4 * width rounded up to a multiple of 256 (fla/modules/mlp.py).
@@ -43,6 +43,6 @@ def test_dense_mixer_parameter_count_is_the_named_size(variant):
   named = count_params(model) - c.vocab_size * c.width
   # Those names budget no channel-wise gate: FG2-GDN's beta, FG2-GDN+'s beta_k and beta_v, GDN-2's b and w
   # are each a full width -> H * 128 projection here, 16-25 % of the named size in all.
-  channel_gates = sum(shape != "head" for _, shape in LAYER_VARIANTS[c.mixer].gates)
+  channel_gates = sum(shape != "head" for _, shape in ops.MIXERS[c.mixer].gates)
   named -= c.num_layers * channel_gates * c.width * c.num_heads * c.head_dim
   assert abs(named / NOMINAL[variant.rpartition("_")[2]] - 1) <= 0.15, f"{variant}: {named:,}"

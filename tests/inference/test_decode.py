@@ -10,6 +10,7 @@ from flax import nnx
 
 from sdm_jax.models import LanguageModel, default_config
 from sdm_jax.models import generate
+from sdm_jax.ops import MIXERS
 
 B, T, VOCAB = 2, 40, 64
 
@@ -17,7 +18,7 @@ B, T, VOCAB = 2, 40, 64
 def small_config(pattern, mixer="gdn2"):
   c = default_config()
   # chunk_size 16 with a 20-token prompt puts the prefill's end inside a chunk; window 6 < T wraps the ring.
-  c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=16 if mixer == "fg2_gdn" else 8,
+  c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=MIXERS[mixer].value_dim(16, 8),
            mixer=mixer, pattern=pattern, num_layers=len(pattern), chunk_size=16, window=6, sdm_num_slots=64,
            sdm_topk_write=4, sdm_topk_read=3, sdm_key_dim=8, sdm_value_dim=8, sdm_chunk_size=8)
   return c
@@ -42,7 +43,7 @@ def decode_logits(model, tokens, prompt_len):
   return jnp.concatenate([prompt_logits, jnp.moveaxis(step_logits, 0, 1)], axis=1)
 
 
-CASES = [("D", mixer) for mixer in ("gdn", "kda", "fg2_gdn", "fg2_gdn_plus", "gdn2")]
+CASES = [("D", mixer) for mixer in MIXERS]
 CASES += [(pattern, "gdn2") for pattern in ("DS", "DDDA", "SSSM")]
 
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sdm_jax.layers import VARIANTS, DeltaMixer
+from sdm_jax.layers import DeltaMixer
 from sdm_jax.layers.decay import A_RANGE, DT_RANGE
+from sdm_jax.ops import MIXERS
 
 B, T, WIDTH, H, K = 2, 24, 32, 2, 16  # T = 24 with chunk_size 16: one full chunk and one padded
-MIXERS = tuple(VARIANTS)
 
 
 def value_dim(mixer):
-  return K if mixer == "fg2_gdn" else 8  # K != V wherever the mixer allows it
+  return MIXERS[mixer].value_dim(K, 8)  # K != V wherever the mixer allows it
 
 
 def make_layer(mixer, impl, seed=0, num_heads=H):

@@ -12,28 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax import ops
+from sdm_jax.ops.registry import gate_shapes
 
-MIXERS = ("gdn", "kda", "fg2", "fg2_plus", "gdn2")
-FUNCTIONS = {
-    "gdn": ops.gated_delta_rule,
-    "kda": ops.kda,
-    "fg2": ops.fg2_gdn,
-    "fg2_plus": ops.fg2_gdn_plus,
-    "gdn2": ops.gdn2,
-}
-
-HEAD = ("B", "T", "H")
-KEY = ("B", "T", "H", "K")
-VALUE = ("B", "T", "H", "V")
-# (name, dimension names) of every gate after the log decay g, in call order.
-GATES = {
-    "gdn": (("beta", HEAD),),
-    "kda": (("beta", HEAD),),
-    "fg2": (("beta", KEY),),
-    "fg2_plus": (("beta_k", KEY), ("beta_v", VALUE)),
-    "gdn2": (("b", KEY), ("w", VALUE)),
-}
-DECAY = {"gdn": HEAD, "kda": KEY, "fg2": KEY, "fg2_plus": KEY, "gdn2": KEY}
+MIXERS = tuple(ops.MIXERS)  # the registry's names, in its order
 GATE_MODES = ("random", "zero", "one", "binary", "interior")
 # SPEC section 6: fp32 (outputs, gradients) tolerances against the scan, per impl.
 FP32_TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
@@ -45,12 +26,12 @@ def seed_of(*parts):
 
 
 def value_dim(mixer, K, V):
-  """FG2-GDN scales k and v by the same gate, so it needs V == K."""
-  return K if mixer == "fg2" else V
+  """V, or K for a mixer that needs K == V (FG2-GDN scales k and v by the same gate)."""
+  return ops.MIXERS[mixer].value_dim(K, V)
 
 
 def arg_names(mixer):
-  return ("q", "k", "v", "g") + tuple(name for name, _ in GATES[mixer])
+  return ops.MIXERS[mixer].arguments
 
 
 def _log_decay(rng, shape, decay_scale):
@@ -81,23 +62,20 @@ def make_inputs(mixer, B, T, H, K, V, decay_scale, gate_mode, seed, dtype=jnp.fl
   gate_mode: one of GATE_MODES. normalize_k: L2-normalise k here, for calls without
   use_qk_l2norm (unit keys keep the recurrence contractive).
   """
-  dims = {"B": B, "T": T, "H": H, "K": K, "V": V}
-
-  def shape(names):
-    return tuple(dims[n] for n in names)
-
+  shapes = gate_shapes(B, T, H, K, V)
+  spec = ops.MIXERS[mixer]
   rng = np.random.default_rng(seed)
-  k = rng.standard_normal(shape(KEY))
+  k = rng.standard_normal(shapes["key"])
   if normalize_k:
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
   inputs = {
-      "q": rng.standard_normal(shape(KEY)),
+      "q": rng.standard_normal(shapes["key"]),
       "k": k,
-      "v": rng.standard_normal(shape(VALUE)),
-      "g": _log_decay(rng, shape(DECAY[mixer]), decay_scale),
+      "v": rng.standard_normal(shapes["value"]),
+      "g": _log_decay(rng, shapes[spec.decay], decay_scale),
   }
-  for name, names in GATES[mixer]:
-    inputs[name] = _gate(rng, shape(names), gate_mode)
+  for name, kind in spec.gates:
+    inputs[name] = _gate(rng, shapes[kind], gate_mode)
   inputs["initial_state"] = rng.standard_normal((B, H, K, V)) if initial_state else None
   return cast(inputs, dtype)
 
@@ -113,7 +91,7 @@ def cast(inputs, dtype, state_dtype=None):
 def call(mixer, inputs, **options):
   """Calls the public op of `mixer` on an inputs dict; options are its keyword arguments."""
   args = [inputs[name] for name in arg_names(mixer)]
-  return FUNCTIONS[mixer](*args, initial_state=inputs.get("initial_state"), **options)
+  return ops.MIXERS[mixer].op(*args, initial_state=inputs.get("initial_state"), **options)
 
 
 def cotangents(o_shape, state_shape, seed, dtype=jnp.float32):

@@ -62,7 +62,7 @@ def test_vmap_over_leading_axis_matches_loop(mixer, impl):
   assert_close(results(o, final_state), expected, 1e-6, f"vmap vs loop, {mixer} impl={impl}")
 
 
-@pytest.mark.parametrize("mixer", ["fg2", "gdn2"])  # the square-root gates and the two channel gates
+@pytest.mark.parametrize("mixer", ["fg2_gdn", "gdn2"])  # the square-root gates and the two channel gates
 def test_grad_under_jit_matches_eager_grad(mixer):
   T, seed = 20, seed_of("grad-jit", mixer)
   inputs = _inputs(mixer, T, seed)

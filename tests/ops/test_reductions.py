@@ -59,7 +59,7 @@ def test_kda_with_channel_equal_decay_is_gdn(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fg2_plus_with_equal_gates_is_fg2(impl):
   seed = seed_of("fg2_plus->fg2", impl)
-  fg2_inputs = make_inputs("fg2", B, T, H, K, K, "mixed", "random", seed)
+  fg2_inputs = make_inputs("fg2_gdn", B, T, H, K, K, "mixed", "random", seed)
   plus_inputs = {**{n: x for n, x in fg2_inputs.items() if n != "beta"},
                  "beta_k": fg2_inputs["beta"], "beta_v": fg2_inputs["beta"]}
 
@@ -68,4 +68,4 @@ def test_fg2_plus_with_equal_gates_is_fg2(impl):
     grads["beta"] = grads.pop("beta_k") + grads.pop("beta_v")
     return grads
 
-  _check("fg2_plus", plus_inputs, "fg2", fg2_inputs, sum_grads, impl, seed + 1)
+  _check("fg2_gdn_plus", plus_inputs, "fg2_gdn", fg2_inputs, sum_grads, impl, seed + 1)

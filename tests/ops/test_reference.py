@@ -41,7 +41,8 @@ def _gdn2_step(S, k, v, g, b, w):
   return (np.eye(k.size) - np.outer(k, b * k)) @ np.diag(np.exp(g)) @ S + np.outer(k, w * v)
 
 
-STEPS = {"gdn": _gdn_step, "kda": _kda_step, "fg2": _fg2_step, "fg2_plus": _fg2_plus_step, "gdn2": _gdn2_step}
+STEPS = {"gdn": _gdn_step, "kda": _kda_step, "fg2_gdn": _fg2_step, "fg2_gdn_plus": _fg2_plus_step,
+         "gdn2": _gdn2_step}
 
 
 def numpy_reference(mixer, inputs, scale=None, use_qk_l2norm=False):

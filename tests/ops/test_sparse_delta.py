@@ -269,7 +269,7 @@ def test_bad_inputs_raise(change, name):
 
 @pytest.mark.parametrize("impl", ["chunk", "pallas"])
 def test_backward_memory_does_not_grow_with_t_times_n(impl):
-  from sdm_jax.evaluation.sdm_memory import compiled_memory
+  from sdm_jax.benchmarking.sdm_memory import compiled_memory
   shape = dict(B=1, H=1, N=4096, V=16, W=4, R=4, chunk_size=16)
   short, long = (compiled_memory(impl, T=T, **shape)["temp_bytes"] for T in (64, 256))
   table_per_token = shape["N"] * shape["V"] * 4

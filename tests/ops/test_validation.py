@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import GATES, MIXERS, call, make_inputs, seed_of, value_dim
+from helpers import MIXERS, arg_names, call, make_inputs, seed_of, value_dim
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.product_key import ADDRESS_IMPLS
 from sdm_jax.ops.validation import IMPLS, resolve_impl
@@ -46,7 +46,7 @@ def test_per_channel_gate_where_a_per_head_one_is_expected(mixer, name):
 
 
 BTH_MISMATCHES = [(mixer, name, axis) for mixer in MIXERS
-                  for name in ("k", "v", "g") + tuple(n for n, _ in GATES[mixer]) for axis in (0, 1, 2)]
+                  for name in arg_names(mixer)[1:] for axis in (0, 1, 2)]
 
 
 @pytest.mark.parametrize("mixer, name, axis", BTH_MISMATCHES)
@@ -69,8 +69,9 @@ def test_mismatched_key_dim_between_q_and_k():
     call("kda", {**inputs, "k": _reshaped(inputs["k"], -1, K + 1)})
 
 
-@pytest.mark.parametrize("mixer, name, size", [("kda", "g", K + 1), ("fg2", "beta", K + 1), ("fg2_plus", "beta_k", K + 1),
-                                               ("fg2_plus", "beta_v", V + 1), ("gdn2", "b", K + 1),
+@pytest.mark.parametrize("mixer, name, size", [("kda", "g", K + 1), ("fg2_gdn", "beta", K + 1),
+                                               ("fg2_gdn_plus", "beta_k", K + 1),
+                                               ("fg2_gdn_plus", "beta_v", V + 1), ("gdn2", "b", K + 1),
                                                ("gdn2", "w", V + 1)])
 def test_wrong_channel_dim_of_a_gate(mixer, name, size):
   inputs = _inputs(mixer)
@@ -79,9 +80,9 @@ def test_wrong_channel_dim_of_a_gate(mixer, name, size):
 
 
 def test_fg2_gdn_requires_key_dim_equal_value_dim():
-  inputs = make_inputs("fg2", B, T, H, K, V, 0.1, "random", seed_of("fg2 K != V"))
+  inputs = make_inputs("fg2_gdn", B, T, H, K, V, 0.1, "random", seed_of("fg2 K != V"))
   with pytest.raises(ValueError, match=r"(?i)\b[kv]\b"):
-    call("fg2", inputs)
+    call("fg2_gdn", inputs)
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])

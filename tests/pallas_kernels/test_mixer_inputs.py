@@ -10,30 +10,28 @@ import pytest
 
 from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk
 from pallas_kernels.mixer_inputs import FORMED, form, mixer_inputs, reference_inputs
-from sdm_jax.ops import fg2_gdn, fg2_gdn_plus, gated_delta_rule, gdn2, kda
+from sdm_jax.ops import MIXERS
+from sdm_jax.ops.registry import gate_shapes
 
 from lowering import TRITON_CALL, lower_for_h200
 
-MIXERS = {"gdn": gated_delta_rule, "kda": kda, "fg2_gdn": fg2_gdn, "fg2_gdn_plus": fg2_gdn_plus, "gdn2": gdn2}
-GATES = {  # dimensions of each gate after g: h head, k key, v value
-    "gdn": "h", "kda": "h", "fg2_gdn": "k", "fg2_gdn_plus": "kv", "gdn2": "kv"}
-KINDS = {"h": "head", "k": "key", "v": "value"}
+
+def _kinds(mixer):
+  return ("key", "value") + tuple(kind for _, kind in MIXERS[mixer].gates)
 
 
 def _form(mixer, build, l2norm):
-  return form(build, ("key", "value") + tuple(KINDS[d] for d in GATES[mixer]), l2norm)
+  return form(build, _kinds(mixer), l2norm)
 
 
 def _build(mixer, B, T, H, K, V, dtype, seed=0):
-  """(build, q, k, v, gates without g): the mixer's own build, from its undecorated body."""
+  """(build, q, k, v, gates without g): the mixer's own build, from the registry."""
   r = np.random.default_rng(seed)
-  shape = {"h": (B, T, H), "k": (B, T, H, K), "v": (B, T, H, V)}
+  shape = gate_shapes(B, T, H, K, V)
   x = lambda *s: jnp.asarray(r.normal(size=s), dtype)
-  gates = [jnp.asarray(r.uniform(size=shape[d]), dtype) for d in GATES[mixer]]
+  gates = [jnp.asarray(r.uniform(size=shape[kind]), dtype) for _, kind in MIXERS[mixer].gates]
   gates[0] = gates[0].at[..., :3].set(0.0)  # closed gates: sqrt's derivative is taken as 0 there
-  g = jnp.zeros(shape["h" if mixer == "gdn" else "k"], jnp.float32)
-  build, *_ = MIXERS[mixer].__wrapped__(x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), g, *gates)
-  return build, x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gates
+  return MIXERS[mixer].build, x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gates
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -91,13 +89,13 @@ def test_head_dims_it_does_not_take_go_to_the_reference():
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
 def test_lowers_for_cuda(mixer):
   build, *_ = _build(mixer, 1, 64, 2, 128, 128, jnp.float32)
-  shape = {"h": (1, 64, 2), "k": (1, 64, 2, 128), "v": (1, 64, 2, 128)}
+  shape = gate_shapes(1, 64, 2, 128, 128)
   spec = lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
-  args = [spec(shape["k"])] * 2 + [spec(shape["v"])] + [spec(shape[d]) for d in GATES[mixer]]
+  args = [spec(shape[kind]) for kind in ("key", *_kinds(mixer))]  # q, k, v, the gates
   text = lower_for_h200(lambda *a: mixer_inputs(build, True, jnp.bfloat16, *a), *args)
   assert text.count(TRITON_CALL) == 1 and "mixer_inputs" in text
   f = _form(mixer, build, True)
-  G = jax.ShapeDtypeStruct(shape["k"], jnp.float32)
+  G = jax.ShapeDtypeStruct(shape["key"], jnp.float32)
   text = lower_for_h200(lambda q, k, v, G, *gates: intra_chunk(q, (k, v, *gates), G, form=f, scale=0.1,
                                                                chunk_size=32), *args[:3], G, *args[3:])
   assert text.count(TRITON_CALL) == 2  # gram_solve and solved, forming u, e, z from k, v and the gates
@@ -109,7 +107,7 @@ def test_eager_calls_reuse_the_forming_kernels_compilation():
   B, T, H, K, V = 1, 32, 2, 16, 16
   _, q, k, v, (b, w) = _build("gdn2", B, T, H, K, V, jnp.float32)
   g = -jnp.ones((B, T, H, K), jnp.float32)
-  run = lambda: MIXERS["gdn2"](q, k, v, g, b, w, impl="pallas", chunk_size=16, use_qk_l2norm=True)
+  run = lambda: MIXERS["gdn2"].op(q, k, v, g, b, w, impl="pallas", chunk_size=16, use_qk_l2norm=True)
   first = run()[0]
   compiled = intra_chunk._cache_size()
   np.testing.assert_array_equal(np.asarray(run()[0]), np.asarray(first))

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, median_ms
+from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
+from sdm_jax.benchmarking.timing import compile_timed, median_ms
 
 
 def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.evaluation.timing import error_text, median_ms, write_tables
+from sdm_jax.benchmarking.timing import error_text, median_ms, write_tables
 from sdm_jax.models import LanguageModel, layer_letters
 
 # The name of the full-attention model in a sweep: the peer every other model is compared with.

@@ -15,7 +15,7 @@ import importlib
 
 import numpy as np
 
-from sdm_jax.evaluation.timing import median_ms
+from sdm_jax.benchmarking.timing import median_ms
 
 PEER_OPS = {"kda": ("fla.ops.kda", "chunk_kda"), "gdn2": ("fla.ops.gdn2", "chunk_gdn2")}
 

@@ -12,9 +12,9 @@ import json
 import jax
 import numpy as np
 
-from sdm_jax.evaluation import fla_peer
-from sdm_jax.evaluation.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, error_text, median_ms, write_tables
+from sdm_jax.benchmarking import fla_peer
+from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
+from sdm_jax.benchmarking.timing import compile_timed, error_text, median_ms, write_tables
 
 INPUT_SETS = 3
 PEER = "fla"

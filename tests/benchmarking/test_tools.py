@@ -7,12 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax.evaluation import fla_peer
-from sdm_jax.evaluation.op_bench import merge_reports, parse_shapes, run_sweep, write_report
-from sdm_jax.evaluation.op_compare import compare_impls, error_row, format_report
-from sdm_jax.evaluation.op_inputs import MIXERS, make_op_inputs
-from sdm_jax.evaluation import timing
-from sdm_jax.evaluation.timing import run_metadata
+from sdm_jax.benchmarking import fla_peer
+from sdm_jax.benchmarking.op_bench import merge_reports, parse_shapes, run_sweep, write_report
+from sdm_jax.benchmarking.op_compare import compare_impls, error_row, format_report
+from sdm_jax.benchmarking.op_inputs import make_op_inputs
+from sdm_jax.benchmarking import timing
+from sdm_jax.benchmarking.timing import run_metadata
+from sdm_jax.ops import MIXERS
 
 GATE_GRADS = {"gdn": {"dbeta"}, "gdn2": {"db", "dw"}}
 
@@ -105,7 +106,7 @@ def test_peer_is_skipped_with_a_reason():
 
 
 def test_sdm_bench_times_every_part():
-  from sdm_jax.evaluation import sdm_bench
+  from sdm_jax.benchmarking import sdm_bench
   sdm = sdm_bench.time_sdm(1, 32, 2, 64, 8, 4, 4, chunk_size=16, reps=2)
   address = sdm_bench.time_addressing(64, 2, 8, 4, 16, impl="xla", reps=2)
   for timings, keys in ((sdm, ("fwd_ms", "fwd_bwd_ms", "compile_fwd_s")), (address, ("fwd_ms", "compile_s"))):
@@ -114,7 +115,7 @@ def test_sdm_bench_times_every_part():
 
 
 def test_row_traffic_gathers_writes_and_reads_the_rows():
-  from sdm_jax.evaluation import sdm_bench
+  from sdm_jax.benchmarking import sdm_bench
   B, T, H, N, V, W, R = 2, 4, 2, 64, 8, 3, 5
   floats, ints = sdm_bench.sdm_inputs(B, T, H, N, V, W, R, seed=3)
   rng = np.random.default_rng(4)  # distinct written slots per (b, h): which duplicate write lands is unspecified
@@ -143,7 +144,7 @@ def test_row_traffic_gathers_writes_and_reads_the_rows():
 
 
 def test_sdm_report_lists_times_and_errors(tmp_path):
-  from sdm_jax.evaluation import sdm_bench
+  from sdm_jax.benchmarking import sdm_bench
   rows = [{"what": "sdm chunk", "fwd_ms": 1.5, "fwd_bwd_ms": 4.25}, {"what": "addressing", "fwd_ms": 2.0},
           {"what": "sdm pallas", "error": "ValueError: nope"},
           {"what": "row traffic", "fwd_ms": 2.0, "row_bytes": 51_539_607_552, "row_gb_per_s": 25769.8}]

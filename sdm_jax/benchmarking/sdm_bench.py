@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.evaluation.op_bench import time_impl
-from sdm_jax.evaluation.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.evaluation.timing import compile_timed, median_ms, write_tables
+from sdm_jax.benchmarking.op_bench import time_impl
+from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
+from sdm_jax.benchmarking.timing import compile_timed, median_ms, write_tables
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 
 INPUT_SETS = 3

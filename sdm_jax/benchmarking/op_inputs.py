@@ -1,33 +1,18 @@
-"""Random inputs for the dense mixers of `sdm_jax.ops`, and the readout loss the tools differentiate.
+"""Random inputs for every dense mixer of the registry `sdm_jax.ops.MIXERS`, and the readout loss the tools
+differentiate.
 
 Shared by experiments/compare_impls.py, experiments/bench_ops.py and kernel tests, so every tool
 times and checks the same distribution: q, k, v ~ N(0, 1) (the op L2-normalises q and k), log
 decay g = log_sigmoid(N(1, 1)) (mostly in [-1, 0], fp32), gates sigmoid(N(0, 1)).
 """
 
-import dataclasses
 import functools
 
 import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax import ops
-
-
-@dataclasses.dataclass(frozen=True)
-class Mixer:
-  op: callable
-  decay: str  # "head" (scalar per head, [B, T, H]) or "key" ([B, T, H, K])
-  gates: tuple  # (name, "head" | "key" | "value") after g, in the op's argument order
-
-
-MIXERS = {
-    "gdn": Mixer(ops.gated_delta_rule, "head", (("beta", "head"),)),
-    "kda": Mixer(ops.kda, "key", (("beta", "head"),)),
-    "fg2_gdn": Mixer(ops.fg2_gdn, "key", (("beta", "key"),)),
-    "fg2_gdn_plus": Mixer(ops.fg2_gdn_plus, "key", (("beta_k", "key"), ("beta_v", "value"))),
-    "gdn2": Mixer(ops.gdn2, "key", (("b", "key"), ("w", "value"))),
-}
+from sdm_jax.ops.registry import gate_shapes
 
 
 def _apply(op, args, *, impl, chunk_size):
@@ -41,14 +26,14 @@ def make_op_inputs(mixer, B, T, H, K, V, dtype, seed, *, initial_state=True):
   least fp32, the rest in `dtype`); fn(args, impl=..., chunk_size=...) -> (o [B, T, H, V],
   final state [B, H, K, V] fp32), with use_qk_l2norm=True.
   """
-  if mixer not in MIXERS:
-    raise ValueError(f"mixer: expected one of {sorted(MIXERS)}, got {mixer!r}")
-  spec = MIXERS[mixer]
+  if mixer not in ops.MIXERS:
+    raise ValueError(f"mixer: expected one of {sorted(ops.MIXERS)}, got {mixer!r}")
+  spec = ops.MIXERS[mixer]
   # Drawn with numpy: no compile per shape, and a peer in another framework gets the same numbers.
   rng = np.random.default_rng(seed)
   dtype = jnp.dtype(dtype)
   acc = jnp.promote_types(jnp.float32, dtype)
-  shapes = {"head": (B, T, H), "key": (B, T, H, K), "value": (B, T, H, V)}
+  shapes = gate_shapes(B, T, H, K, V)
   normal = lambda kind: rng.standard_normal(shapes[kind], np.float32)
   args = {"q": normal("key").astype(dtype), "k": normal("key").astype(dtype), "v": normal("value").astype(dtype),
           "g": (-np.logaddexp(0.0, -1.0 - normal(spec.decay))).astype(acc)}  # log_sigmoid(N(1, 1))

@@ -1,0 +1,42 @@
+"""What a data task is, and the helpers the tasks share.
+
+A task is a module (or any object) registered by name in pipeline.TASKS that provides
+
+    default_config() -> dict: its own fields of the `data` ConfigDict with their defaults, beside the common fields
+        (name, seed, batch_size, num_threads, prefetch_buffer_size) that pipeline.default_data_config sets;
+    examples(data, split) -> grain.MapDataset of unbatched examples
+        {"inputs": [T] int32, "targets": [T] int32, "mask": [T] float32} with T = data.seq_len; the train split is
+        infinite (len sys.maxsize), the validation split finite.
+
+A task's defaults live once, in its config dataclass; default_config() reads them with `defaults` and examples()
+reads the config back from `data` with `from_data`.
+"""
+
+import dataclasses
+import sys
+
+import grain
+
+# seed is a common field of the data config; the dataclasses carry it so that examples are functions of their config.
+_COMMON_FIELDS = frozenset({"seed"})
+
+
+def defaults(cls):
+  """The default of every field of config dataclass `cls` except the common seed, as a dict."""
+  return {field.name: field.default for field in dataclasses.fields(cls) if field.name not in _COMMON_FIELDS}
+
+
+def from_data(cls, data):
+  """An instance of config dataclass `cls` from its fields of the `data` ConfigDict."""
+  names = [field.name for field in dataclasses.fields(cls)]
+  missing = [name for name in names if name not in data]
+  if missing:
+    raise ValueError(f"config.data: {data.name} needs the fields {missing}; start from default_data_config")
+  return cls(**{name: data[name] for name in names})
+
+
+def indexed_examples(make_example, split, eval_examples):
+  """Examples that are functions of their index: make_example(0), make_example(1), ...; eval_examples of them in
+  validation, unboundedly many in train."""
+  num_examples = sys.maxsize if split == "train" else eval_examples
+  return grain.MapDataset.range(num_examples).map(make_example)
