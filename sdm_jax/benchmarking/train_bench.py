@@ -244,8 +244,10 @@ def run_process(spec, out_dir, timeout_s, log=print):
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     output, error = done.stdout, (done.stderr[-1500:] if done.returncode else None)
   except subprocess.TimeoutExpired as expired:
-    output, error = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (expired.stdout or ""), \
-        f"timed out after {timeout_s} s"
+    # TimeoutExpired carries bytes even when the run asked for text.
+    stdout = expired.stdout or b""
+    output = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
+    error = f"timed out after {timeout_s} s"
   result = {"name": spec["name"], "side": "peer" if "peer" in spec else "ours"}
   if "peer" in spec and os.path.exists(peer_out):
     with open(peer_out) as f:
