@@ -22,7 +22,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.setup()
-  from sdm_jax.training.loop import evaluate, load_config, restore_for_eval
+  from sdm_jax.evaluation.lm_eval import evaluate
+  from sdm_jax.training.loop import load_config, restore_for_eval
   config = load_config(FLAGS.workdir)
   if FLAGS.eval_batches:
     config.train.eval_batches = FLAGS.eval_batches

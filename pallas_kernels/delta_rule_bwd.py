@@ -2,13 +2,13 @@
 
 Three launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
-                  gradient of the state leaving a chunk) and writes dR = A_qk^T dO + W dS and every
-                  chunk's dS; dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's q~, u~, exp(G_C)).
+                  gradient of the state leaving a chunk) and writes dR = Aqk^T dO + u~ dS and every
+                  chunk's dS; dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's `ChunkTensors`).
   intra_chunk_bwd grid (B, H, N), passes 1 to 3: per chunk, with R and the state S entering it (saved
                   by the forward) and dS: the products that contract V (dz = A^T dR, dA = dR z^T; per key
-                  block dQ~ = dO S^T, dW = R dS^T, dY = -dR S^T, d exp(G_C), each state block read once),
-                  the WY inverse (dT = -A^T dA A^T, the channel gates inside dA) and dA_qk = dO R^T.
-                  Writes dz, dT and dA_qk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
+                  block dq~ = dO S^T, du~ = R dS^T, dY = -dR S^T, d exp(G_C), each state block read once),
+                  the WY inverse (dT = -A^T dA A^T, the channel gates inside dA) and dAqk = dO R^T.
+                  Writes dz, dT and dAqk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
   pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
                   block, added to those terms: dq, du, de and dg (in place).
 Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/2026-11-30_h200_session7.md).
@@ -31,8 +31,8 @@ from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, backward_settings, chunk
                                            states_spec)
 
 
-def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dht_ref, dr_ref, dh0_ref, dstates_ref, *,
-                           chunk_size, num_chunks, sdot):
+def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, Aqk_ref, do_ref, dht_ref, dr_ref,
+                           dh0_ref, dstates_ref, *, chunk_size, num_chunks, sdot):
   f32 = jnp.float32
   C = chunk_size
 
@@ -41,26 +41,27 @@ def _state_pass_bwd_kernel(qd_ref, ud_ref, decay_ref, y_ref, aqk_ref, do_ref, dh
     t = pl.ds(n * C, C)
     dstates_ref[n] = d_state
     d_o = do_ref[t, :]
-    d_r = sdot(aqk_ref[t, :].T, d_o) + sdot(ud_ref[t, :], d_state)
+    d_r = sdot(Aqk_ref[t, :].T, d_o) + sdot(u_decayed_ref[t, :], d_state)
     dr_ref[t, :] = d_r
-    return decay_ref[n][:, None] * d_state + sdot(qd_ref[t, :].T, d_o) - sdot(y_ref[t, :].T, d_r)
+    return decay_last_ref[n][:, None] * d_state + sdot(q_decayed_ref[t, :].T, d_o) - sdot(Y_ref[t, :].T, d_r)
 
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "num_stages", "interpret"))
-def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4,
-                   num_stages=None, interpret=False):
+def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4, num_stages=None,
+                   interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
-  [B, H, N, K, V] fp32. qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`; d_o [B, T, H, V] in the io
-  dtype, d_final_state [B, H, K, V] fp32."""
-  B, T, H, K = qd.shape
+  [B, H, N, K, V] fp32. chunks: the `ChunkTensors` from `intra_chunk` (reads q_decayed, u_decayed, decay_last,
+  Y and Aqk); d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32."""
+  c = chunks
+  B, T, H, K = c.q_decayed.shape
   V = d_o.shape[-1]
   N = T // chunk_size
   block_v = state_block_v(B, H, V, block_v)
   return pl.pallas_call(
       functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
-                        sdot=state_dot(y.dtype, interpret)),
+                        sdot=state_dot(c.Y.dtype, interpret)),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32)),
       grid=(B, H, V // block_v),
@@ -70,11 +71,11 @@ def state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_final_state, *, chunk_size, blo
       compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, d_o.dtype.itemsize, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
-  )(qd, ud, decay, y, aqk, d_o, d_final_state)
+  )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.Aqk, d_o, d_final_state)
 
 
-def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, a_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dz_ref, dg_ref, parts_ref, dt_ref, daqk_ref, *, scale, key_block, interpret):
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_ref, ds_ref, do_ref, dr_ref,
+                            dz_ref, dg_ref, parts_ref, dt_ref, dAqk_ref, *, scale, key_block, interpret):
   """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`)."""
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
@@ -85,7 +86,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, a_ref, s_r
   zeros = jnp.zeros((C, C), f32)
 
   # Pass 1, over V blocks: dz = A^T dR and dA = dR z^T (+ dY (e exp(G))^T in pass 2).
-  A = a_ref[...]
+  A = A_ref[...]
 
   def v_block(j, d_a):
     d_r = columns(dr_ref, j, vb)
@@ -95,68 +96,68 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, a_ref, s_r
   d_a = jax.lax.fori_loop(0, V // vb, v_block, zeros)
 
   # Pass 2, over key blocks: every product with the states, each state block read once (dY = -dR S^T,
-  # dQ~ = dO S^T, dW = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in the fp32
+  # dq~ = dO S^T, du~ = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in the fp32
   # `parts` (0: d e, 1: d q~, 2: d u; dg's in dg itself) until pass 4 adds the pair terms. Only A and dA
   # stay live.
   def state_block(i, d_a):
     keys = pl.ds(i * kb, kb)
-    d_y, d_qd, d_w = (jnp.zeros((C, kb), f32) for _ in range(3))
-    d_decay = jnp.zeros((kb,), f32)
+    d_y, d_q_decayed, d_u_decayed = (jnp.zeros((C, kb), f32) for _ in range(3))
+    d_decay_last = jnp.zeros((kb,), f32)
     for j in range(V // vb):
       values = pl.ds(j * vb, vb)
       state, d_state = s_ref[keys, values], ds_ref[keys, values]
       d_y -= cm.dot(columns(dr_ref, j, vb), state.T, io)
-      d_qd += cm.dot(columns(do_ref, j, vb), state.T, io)
-      d_w += cm.dot(columns(r_ref, j, vb), d_state.T, io)
-      d_decay += jnp.sum(state * d_state, axis=1)
+      d_q_decayed += cm.dot(columns(do_ref, j, vb), state.T, io)
+      d_u_decayed += cm.dot(columns(r_ref, j, vb), d_state.T, io)
+      d_decay_last += jnp.sum(state * d_state, axis=1)
     G = G_ref[:, keys]
-    decay = jnp.exp(G)
-    G_last = G_ref[C - 1, keys][None, :]
-    to_end = jnp.exp(G_last - G)
+    exp_G = jnp.exp(G)
+    G_C = G_ref[C - 1, keys][None, :]
+    exp_to_end = jnp.exp(G_C - G)
     e, u = columns(e_ref, i, kb), columns(u_ref, i, kb)
-    e_decayed = e * decay
-    d_e = decay * cm.dot(A.T, d_y, io)
-    d_qd *= decay
+    e_decayed = e * exp_G
+    d_e = exp_G * cm.dot(A.T, d_y, io)
+    d_q_decayed *= exp_G
     parts_ref[0, :, keys] = d_e
-    parts_ref[1, :, keys] = d_qd
-    parts_ref[2, :, keys] = to_end * d_w
-    # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) dW)_r + exp(G_C) d(exp(G_C)); pass 4 adds the
+    parts_ref[1, :, keys] = d_q_decayed
+    parts_ref[2, :, keys] = exp_to_end * d_u_decayed
+    # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) du~)_r + exp(G_C) d(exp(G_C)); pass 4 adds the
     # suffix sums of the pair terms' dG.
-    d_G = e * d_e + columns(q_ref, i, kb) * scale * d_qd
+    d_G = e * d_e + columns(q_ref, i, kb) * scale * d_q_decayed
     suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
-    dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * to_end * d_w, near)
-                       + jnp.exp(G_last) * d_decay[None, :])
+    dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * exp_to_end * d_u_decayed, near)
+                       + jnp.exp(G_C) * d_decay_last[None, :])
     return d_a + cm.dot(d_y, e_decayed.T, io)
 
   d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, state_block, d_a), 0.0)
   d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
 
-  # Pass 3, over V blocks: dA_qk = dO R^T.
-  d_aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
+  # Pass 3, over V blocks: dAqk = dO R^T.
+  d_Aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
                                                                     columns(r_ref, j, vb).T, io), zeros)
   dt_ref[...] = d_t
-  daqk_ref[...] = d_aqk
+  dAqk_ref[...] = d_Aqk
 
 
-def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, daqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
+def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
                      dg_ref, *, scale, sub_block, interpret):
-  """Pass 4, one key block of one chunk: the decayed Gram matrices' gradients (from dT and dA_qk [C, C]),
+  """Pass 4, one key block of one chunk: the decayed Gram matrices' gradients (from dT and dAqk [C, C]),
   added to pass 2's terms (parts, dg) to give dq, du, de and dg."""
   del dg_in_ref  # aliased with dg_ref
   near, io, _ = cm.precisions(dq_ref.dtype, interpret)
   C = dt_ref.shape[0]
   rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
-  d_aqk = daqk_ref[...]
-  d_aqk_diag = jnp.sum(jnp.where(rows == cols, d_aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
-  d_aqk_strict = jnp.where(rows > cols, d_aqk, 0.0)
+  d_Aqk = dAqk_ref[...]
+  d_Aqk_diag = jnp.sum(jnp.where(rows == cols, d_Aqk, 0.0), axis=1, keepdims=True)  # decay 1, no g
+  d_Aqk_strict = jnp.where(rows > cols, d_Aqk, 0.0)
   G = G_ref[...]
   q, u, e = (x[...].astype(jnp.float32) for x in (q_ref, u_ref, e_ref))
   q = q * scale
   rows = (lambda at: u_ref[at, :].astype(jnp.float32), lambda at: G_ref[at, :])
-  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_aqk_strict)], u, G, io, rows, sub_block)
+  (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_Aqk_strict)], u, G, io, rows, sub_block)
   dg_ref[...] += cm.dot(cm.lower_ones(C, False).T, d_G, near)
-  dq_ref[...] = ((d_q + parts_ref[1] + d_aqk_diag * u) * scale).astype(dq_ref.dtype)
-  du_ref[...] = (d_u + parts_ref[2] + d_aqk_diag * q).astype(du_ref.dtype)
+  dq_ref[...] = ((d_q + parts_ref[1] + d_Aqk_diag * u) * scale).astype(dq_ref.dtype)
+  du_ref[...] = (d_u + parts_ref[2] + d_Aqk_diag * q).astype(du_ref.dtype)
   de_ref[...] = (d_e + parts_ref[0]).astype(de_ref.dtype)
 
 
@@ -186,7 +187,7 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
   pairs = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
-  dz, dg, parts, d_t, d_aqk = pl.pallas_call(
+  dz, dg, parts, d_t, d_Aqk = pl.pallas_call(
       functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
                  jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32), pairs, pairs),
@@ -211,5 +212,5 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
       compiler_params=params(pair_warps),
       interpret=interpret,
       name="delta_rule_pair_bwd",
-  )(q, u, e, G, d_t, d_aqk, parts, dg)
+  )(q, u, e, G, d_t, d_Aqk, parts, dg)
   return dq, du, de, dz, dg

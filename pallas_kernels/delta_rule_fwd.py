@@ -2,7 +2,7 @@
 
 Four launches:
   chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
-  gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and A_qk and the exact fp32
+  gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and Aqk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
               exponent <= 0; a decay shared by all channels, GDN's, needs only plain dots times one
               [C, C] decay matrix: GDN's op forward 0.927 -> 0.701 ms at B 4, T 4096, H 16 on the H200,
@@ -10,7 +10,7 @@ Four launches:
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
-              R = U - Y S, o = q~ S + A_qk R, S <- exp(G_C) S + u~^T R.
+              R = U - Y S, o = q~ S + Aqk R, S <- exp(G_C) S + u~^T R.
 (`intra_chunk` is gram_solve and solved.) Splitting the per-chunk work in two launches, A going through memory,
 was faster on the H200 than one launch doing both (2026-11-30, benchmarks/2026-11-30_h200_session7.md):
 each launch holds fewer registers.
@@ -26,9 +26,12 @@ Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e, k: [B, T, H, K
 g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V]
 fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
 state_pass the state entering every chunk [B, H, N, K, V] fp32.
+
+Between the kernels the per-chunk tensors travel as one `ChunkTensors`, selected by name.
 """
 
 import functools
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +69,20 @@ def backward_settings(chunk_size):
 VALUE_BLOCK = 32
 
 
+class ChunkTensors(NamedTuple):
+  """What `intra_chunk` gives the state passes (SPEC.md section 2's names), [B, T, H, D] in the io dtype unless
+  said: Y = A (e * exp(G)) [.., K]; U = A z [.., V]; Aqk [.., C], the decayed q-u Gram matrix (lower, with the
+  diagonal); q_decayed = scale * q * exp(G) (q~) and u_decayed = u * exp(G_C - G) (u~) [.., K];
+  decay_last = exp(G_C) [B, N, H, K] fp32; A = (I + T)^-1 [.., C] fp32 when intra_chunk saves it, else None."""
+  Y: jax.Array
+  U: jax.Array
+  Aqk: jax.Array
+  q_decayed: jax.Array
+  u_decayed: jax.Array
+  decay_last: jax.Array
+  A: Optional[jax.Array] = None
+
+
 def columns(ref, i, width):
   """Column block i of a [rows, D] ref, as fp32."""
   return ref[:, pl.ds(i * width, width)].astype(jnp.float32)
@@ -82,28 +99,28 @@ def norms(form, q_ref, k_ref, width):
 
 
 def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, interpret):
-  """One chunk: A = (I + T)^-1 and A_qk [C, C], key_block key channels at a time. The pairs inside sub-blocks
+  """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: every channel
   of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix."""
-  *arrays, a_ref, aqk_ref = refs
-  dots = cm.precisions(aqk_ref.dtype, interpret)
+  *arrays, A_ref, Aqk_ref = refs
+  dots = cm.precisions(Aqk_ref.dtype, interpret)
   C, K = q_ref.shape
   kb = min(key_block, K)
   q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
   if scalar_decay:
-    _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, kb, dots)
+    _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots)
     return
   sub = min(sub_block, C)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
 
   def gram_block(i, acc):
     keys = pl.ds(i * kb, kb)
-    u_rows = lambda at: form.take(arrays, at, keys, (0,), None if k_norm is None else gather_rows(k_norm, at))[0]
+    u_rows = lambda at: form.take(arrays, at, keys, ("u",), None if k_norm is None else gather_rows(k_norm, at))[0]
     rows = (u_rows, lambda at: G_ref[at, keys])
     G = G_ref[:, keys]
     q = columns(q_ref, i, kb) * q_scale
-    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
+    u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
     D_T, D_qk = cm.block_pairs([e, q], G, sub, rows)
     M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows)
     diag = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
@@ -111,18 +128,18 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
 
   blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
   D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
-  a_ref[...] = cm.unit_lower_inverse(cm.place_blocks(D_T) + M_T, dots)
-  aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(aqk_ref.dtype)
+  A_ref[...] = cm.unit_lower_inverse(cm.place_blocks(D_T) + M_T, dots)
+  Aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(Aqk_ref.dtype)
 
 
-def _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, kb, dots):
-  """gram_solve for a decay shared by all channels: T = (e u^T) * D and A_qk = (q u^T) * D with
+def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots):
+  """gram_solve for a decay shared by all channels: T = (e u^T) * D and Aqk = (q u^T) * D with
   D[r, c] = exp(G_r - G_c), taken only on c <= r (masked before exp, so every exponent is <= 0)."""
   C, K = q_ref.shape
 
   def gram_block(i, acc):
     keys = pl.ds(i * kb, kb)
-    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
+    u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
     u_t = u.T
     return acc[0] + cm.dot(e, u_t, dots.io), acc[1] + cm.dot(columns(q_ref, i, kb) * q_scale, u_t, dots.io)
 
@@ -131,37 +148,37 @@ def _scalar_grams(q_ref, G_ref, arrays, a_ref, aqk_ref, form, q_scale, k_norm, k
   G = G_ref[:, 0]
   r, c = cm.iota((C, C), 0), cm.iota((C, C), 1)
   D = jnp.exp(jnp.where(c <= r, G[:, None] - G[None, :], 0.0))
-  a_ref[...] = cm.unit_lower_inverse(jnp.where(c < r, e_u * D, 0.0), dots)
-  aqk_ref[...] = jnp.where(c <= r, q_u * D, 0.0).astype(aqk_ref.dtype)
+  A_ref[...] = cm.unit_lower_inverse(jnp.where(c < r, e_u * D, 0.0), dots)
+  Aqk_ref[...] = jnp.where(c <= r, q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
-def _solved_kernel(a_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, interpret):
+def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
   key_block / value_block channels at a time."""
-  *arrays, y_ref, w_ref, qd_ref, ud_ref, decay_ref = refs
-  io = cm.precisions(w_ref.dtype, interpret).io
+  *arrays, Y_ref, U_ref, q_decayed_ref, u_decayed_ref, decay_last_ref = refs
+  io = cm.precisions(U_ref.dtype, interpret).io
   C, K = q_ref.shape
-  V = w_ref.shape[-1]
+  V = U_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
-  A = a_ref[...]
+  A = A_ref[...]
   q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
     G = G_ref[:, keys]
-    decay = jnp.exp(G)
-    u, e = form.take(arrays, slice(None), keys, (0, 1), k_norm)
-    y_ref[:, keys] = cm.dot(A, e * decay, io).astype(y_ref.dtype)
-    G_last = G_ref[C - 1, keys]
-    qd_ref[:, keys] = (columns(q_ref, i, kb) * q_scale * decay).astype(qd_ref.dtype)
-    ud_ref[:, keys] = (u * jnp.exp(G_last[None, :] - G)).astype(ud_ref.dtype)
-    decay_ref[keys] = jnp.exp(G_last)
+    exp_G = jnp.exp(G)
+    u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
+    Y_ref[:, keys] = cm.dot(A, e * exp_G, io).astype(Y_ref.dtype)
+    G_C = G_ref[C - 1, keys]
+    q_decayed_ref[:, keys] = (columns(q_ref, i, kb) * q_scale * exp_G).astype(q_decayed_ref.dtype)
+    u_decayed_ref[:, keys] = (u * jnp.exp(G_C[None, :] - G)).astype(u_decayed_ref.dtype)
+    decay_last_ref[keys] = jnp.exp(G_C)
     return carry
 
   def u_block(j, carry):
     values = pl.ds(j * vb, vb)
-    w_ref[:, values] = cm.dot(A, form.take(arrays, slice(None), values, (2,))[0], io).astype(w_ref.dtype)
+    U_ref[:, values] = cm.dot(A, form.take(arrays, slice(None), values, ("z",))[0], io).astype(U_ref.dtype)
     return carry
 
   jax.lax.fori_loop(0, K // kb, y_block, 0)
@@ -173,8 +190,8 @@ def state_dot(io_dtype, interpret):
   return functools.partial(cm.dot, precision=cm.precisions(io_dtype, interpret).io)
 
 
-def _state_pass_kernel(qd_ref, ud_ref, decay_ref, y_ref, w_ref, aqk_ref, h0_ref, o_ref, ht_ref, *saved_refs,
-                       chunk_size, num_chunks, sdot):
+def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_ref, Aqk_ref, h0_ref, o_ref, ht_ref,
+                       *saved_refs, chunk_size, num_chunks, sdot):
   f32 = jnp.float32
   C = chunk_size
 
@@ -182,11 +199,11 @@ def _state_pass_kernel(qd_ref, ud_ref, decay_ref, y_ref, w_ref, aqk_ref, h0_ref,
     t = pl.ds(n * C, C)
     if saved_refs:
       saved_refs[0][n] = state
-    R = w_ref[t, :].astype(f32) - sdot(y_ref[t, :], state)
+    R = U_ref[t, :].astype(f32) - sdot(Y_ref[t, :], state)
     if saved_refs:
       saved_refs[1][t, :] = R
-    o_ref[t, :] = (sdot(qd_ref[t, :], state) + sdot(aqk_ref[t, :], R)).astype(o_ref.dtype)
-    return decay_ref[n][:, None] * state + sdot(ud_ref[t, :].T, R)
+    o_ref[t, :] = (sdot(q_decayed_ref[t, :], state) + sdot(Aqk_ref[t, :], R)).astype(o_ref.dtype)
+    return decay_last_ref[n][:, None] * state + sdot(u_decayed_ref[t, :].T, R)
 
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
@@ -230,12 +247,11 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
                 sub_block=cm.SUB_BLOCK, num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK,
                 solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, scalar_decay=False, interpret=False):
   """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
-  Per chunk: Y = A (e * exp(G)) [B, T, H, K], U = A z [B, T, H, V], A_qk [B, T, H, C], q~ = scale * q * exp(G),
-  u~ = u * exp(G_C - G) [B, T, H, K] (all in io_dtype, by default that of arrays[1]), exp(G_C) [B, N, H, K] fp32,
-  and with save_inverse A [B, T, H, C] fp32.
+  Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
+  value-side array), decay_last, and with save_inverse A (else A is None).
 
   Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
-  A_qk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
+  Aqk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
   solve_stages: Triton pipelining stages of their channel-block loops. scalar_decay: g is the same in every
   channel (GDN, broadcast), so gram_solve forms the grams as plain dots times one decay matrix."""
   default = forward_settings(chunk_size)
@@ -248,14 +264,14 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
   specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
-  A, aqk = pl.pallas_call(
+  A, Aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=key_block, sub_block=sub_block,
                         scalar_decay=scalar_decay, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(num_warps, num_stages), interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
-  y, w, qd, ud, decay = pl.pallas_call(
+  Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
       functools.partial(_solved_kernel, form=form, scale=scale, key_block=solve_key_block,
                         value_block=solve_value_block, interpret=interpret),
       out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
@@ -265,7 +281,8 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
       out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
       compiler_params=params(solve_warps, solve_stages), interpret=interpret,
       name="delta_rule_solved")(A, q, G, *arrays)
-  return (y, w, aqk, qd, ud, decay) + ((A,) if save_inverse else ())
+  return ChunkTensors(Y=Y, U=U, Aqk=Aqk, q_decayed=q_decayed, u_decayed=u_decayed, decay_last=decay_last,
+                      A=A if save_inverse else None)
 
 
 def seq_spec(T, d, block=None):
@@ -300,7 +317,7 @@ def shared_memory_bytes():
 
 def state_stages(chunk_size, K, block_v, itemsize, num_stages=None, shared_memory=None):
   """Triton software-pipelining stages of the state passes' chunk loop: the next chunks' loads ([C, K] q~, u~,
-  Y, [C, C] A_qk, [C, block_v] U or dO, each stage C (3K + C + block_v) itemsize bytes of shared memory)
+  Y, [C, C] Aqk, [C, block_v] U or dO, each stage C (3K + C + block_v) itemsize bytes of shared memory)
   overlap this chunk's dots. Up to 3, as many as fit with 16 KiB to spare; at least 1.
 
   On the H200 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), bf16, 1 / 2 / 3 stages:
@@ -333,31 +350,33 @@ def state_block_v(B, H, V, block_v=None, programs=128):
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "num_stages",
                                              "interpret"))
-def state_pass(qd, ud, decay, y, w, aqk, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4,
-               num_stages=None, interpret=False):
-  """Sequential over chunks (qd, ud, decay: q~, u~, exp(G_C) from `intra_chunk`): o [B, T, H, V] in w.dtype,
+def state_pass(chunks, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4, num_stages=None,
+               interpret=False):
+  """Sequential over chunks, reading the `ChunkTensors` from `intra_chunk` but A: o [B, T, H, V] in U's dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
   fp32 and R = U - Y S [B, T, H, V] fp32."""
-  B, T, H, K = qd.shape
-  V = w.shape[-1]
+  c = chunks
+  B, T, H, K = c.q_decayed.shape
+  V = c.U.shape[-1]
+  io = c.U.dtype
   N = T // chunk_size
   block_v = state_block_v(B, H, V, block_v)
-  out_shape = [jax.ShapeDtypeStruct((B, T, H, V), w.dtype), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
+  out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
     out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32), jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
     out_specs += [states_spec(N, K, block_v), seq_spec(T, V, block_v)]
   return pl.pallas_call(
-      functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(w.dtype, interpret)),
+      functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(io, interpret)),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
-      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, w.dtype.itemsize, num_stages)),
+      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, io.itemsize, num_stages)),
       interpret=interpret,
       name="delta_rule_state_pass",
-  )(qd, ud, decay, y, w, aqk, initial_state)
+  )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.U, c.Aqk, initial_state)
 
 
 def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=None, interpret=False):
@@ -367,6 +386,5 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
   G = chunk_cumsum(g, chunk_size, interpret)
-  y, w, aqk, qd, ud, decay = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, interpret=interpret)
-  return state_pass(qd, ud, decay, y, w, aqk, initial_state, chunk_size=chunk_size, block_v=block_v,
-                    interpret=interpret)
+  chunks = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  return state_pass(chunks, initial_state, chunk_size=chunk_size, block_v=block_v, interpret=interpret)

@@ -64,12 +64,14 @@ class Form(NamedTuple):
   needs: tuple
 
   def take(self, refs, rows, cols, outputs, k_norm=None):
-    """Outputs of build (0: u, 1: e, 2: z) as fp32 blocks, loading only the arrays they need.
+    """The outputs of build named in outputs (of `OUTPUTS`: "u", "e", "z"), in that order, as fp32 blocks,
+    loading only the arrays they need.
 
     rows: a slice, or an index vector (a gathered load); cols: a pl.ds over key channels for u and e, value
     channels for z. k_norm: 1 / ||k|| of those rows when l2norm. Arrays not needed get zeros, whose
     arithmetic the compiler drops."""
-    need = frozenset().union(*(self.needs[o] for o in outputs))
+    at = [OUTPUTS.index(name) for name in outputs]
+    need = frozenset().union(*(self.needs[o] for o in at))
     n = refs[0].shape[0] if isinstance(rows, slice) else rows.shape[0]
     args = []
     for i, (ref, kind) in enumerate(zip(refs, self.kinds)):
@@ -79,20 +81,22 @@ class Form(NamedTuple):
         args.append(ref[rows].astype(jnp.float32))
       else:
         args.append(ref[rows, cols].astype(jnp.float32))
-    if k_norm is not None and 0 in need:
+    if k_norm is not None and 0 in need:  # array 0 is k
       args[0] = args[0] * k_norm[:, None]
     out = self.build(*args)
-    return [out[o] for o in outputs]
+    return [out[o] for o in at]
 
   def check(self, K, V):
     """u and e are taken at key channels, z at value ones: with K != V each may read only its side's arrays
     (and head ones)."""
-    for name, side, need in zip("uez", ("key", "key", "value"), self.needs):
+    for name, side, need in zip(OUTPUTS, ("key", "key", "value"), self.needs):
       if K != V and any(self.kinds[i] not in (side, "head") for i in need):
         raise ValueError(f"build: with K={K} != V={V}, {name} may read only {side} and head arrays, but reads "
                          f"{sorted(self.kinds[i] for i in need)}")
 
 
+# What build returns, in its order (Form.needs follows it).
+OUTPUTS = ("u", "e", "z")
 KIND_SHAPES = {"key": (2, 8), "value": (2, 8), "head": (2,)}
 
 

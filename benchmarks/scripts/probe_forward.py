@@ -43,8 +43,7 @@ for shape in sys.argv[1:]:
     kw = dict(chunk_size=C, interpret=interpret)
     passes = []
     for q, u, e, z, g in sets:
-      y, w, aqk, qd, ud, decay = intra_chunk(q, (u, z, e), chunk_cumsum(g, C, interpret), scale=scale, **kw)
-      passes.append((qd, ud, decay, y, w, aqk, h0))
+      passes.append((intra_chunk(q, (u, z, e), chunk_cumsum(g, C, interpret), scale=scale, **kw), h0))
     for bv in BLOCKS:
       for warps in WARPS:
         timed(f"{shape} C={C} state_pass bv={bv} warps={warps}",
@@ -74,13 +73,13 @@ for shape in sys.argv[1:]:
   jax.clear_caches()
 
   if "backward" in PARTS:
-    y, w, aqk, qd, ud, decay = intra_chunk(*chunk_sets[0], scale=scale, **kw)
-    d_o = w
+    chunks = intra_chunk(*chunk_sets[0], scale=scale, **kw)
+    d_o = chunks.U
     for bv in BLOCKS:
       timed(f"{shape} C=32 state_pass save_states bv={bv}",
-            lambda *a, bv=bv: state_pass(*a, block_v=bv, save_states=True, **kw), [(qd, ud, decay, y, w, aqk, h0)])
+            lambda *a, bv=bv: state_pass(*a, block_v=bv, save_states=True, **kw), [(chunks, h0)])
       timed(f"{shape} C=32 state_pass_bwd bv={bv}", lambda *a, bv=bv: state_pass_bwd(*a, block_v=bv, **kw),
-            [(qd, ud, decay, y, aqk, d_o, h0)])
+            [(chunks, d_o, h0)])
   del sets, chunk_sets
 
 print("\n" + timed.table("forward kernel"))

@@ -55,26 +55,26 @@ for C in CHUNKS:
           lambda *a, kb=kb, nw=nw, sb=sb, sw=sw, st=st, sst=sst: intra_chunk(
               *a, save_inverse=True, key_block=kb, num_warps=nw, solve_key_block=sb, solve_value_block=sb,
               solve_warps=sw, num_stages=st, solve_stages=sst, sub_block=SUB_BLOCK, scale=scale, **kw), chunk_sets)
-  y, w, aqk, qd, ud, decay, A = intra_chunk(*chunk_sets[0], save_inverse=True, scale=scale, **kw)
+  chunks = intra_chunk(*chunk_sets[0], save_inverse=True, scale=scale, **kw)
   q, (u, z, e), G = chunk_sets[0]
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
       timed(f"C={C} state_pass bv={bv} stages={stages_label(st)}",
             lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, **kw),
-            [(qd, ud, decay, y, w, aqk, h0)])
+            [(chunks, h0)])
       timed(f"C={C} state_pass bv={bv} stages={stages_label(st)} save_states",
             lambda *a, bv=bv, st=st: state_pass(*a, block_v=bv, num_stages=st, save_states=True, **kw),
-            [(qd, ud, decay, y, w, aqk, h0)])
-  o, ht, states, r = state_pass(qd, ud, decay, y, w, aqk, h0, save_states=True, **kw)
+            [(chunks, h0)])
+  o, ht, states, r = state_pass(chunks, h0, save_states=True, **kw)
   d_o = jnp.asarray(np.random.default_rng(9).standard_normal(o.shape), dtype)
   d_ht = jnp.zeros_like(ht)
   for bv in STATE_BLOCKS:
     for st in STATE_STAGES:
       timed(f"C={C} state_pass_bwd bv={bv} stages={stages_label(st)}",
             lambda *a, bv=bv, st=st: state_pass_bwd(*a, block_v=bv, num_stages=st, **kw),
-            [(qd, ud, decay, y, aqk, d_o, d_ht)])
-  d_r, dh0, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o, d_ht, **kw)
-  bwd_args = [(q, u, e, z, G, r, A, states, d_states, d_o, d_r)]
+            [(chunks, d_o, d_ht)])
+  d_r, dh0, d_states = state_pass_bwd(chunks, d_o, d_ht, **kw)
+  bwd_args = [(q, u, e, z, G, r, chunks.A, states, d_states, d_o, d_r)]
   for kb, nw, pkb, pw, *stages in BWD:
     st = stages[0] if stages else None
     timed(f"C={C} intra_chunk_bwd key_block={kb} warps={nw} pair_key_block={pkb} pair_warps={pw} "

@@ -17,7 +17,8 @@ sys.path.insert(0, ".")
 from experiments.configs import paper  # noqa: E402
 from sdm_jax.models import LanguageModel  # noqa: E402
 from sdm_jax.training.optimizer import make_optimizer  # noqa: E402
-from sdm_jax.training.steps import TrainStep, loss_fn  # noqa: E402
+from sdm_jax.models.loss import loss_fn  # noqa: E402
+from sdm_jax.training.steps import TrainStep  # noqa: E402
 
 CALLS, REPEATS = 50, 5
 

@@ -4,7 +4,7 @@ import ml_collections
 
 from sdm_jax import ops
 from sdm_jax.models.config import default_config as default_model_config
-from sdm_jax.training.steps import LOSS_CHUNK_TOKENS
+from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 
 MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
 # (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN

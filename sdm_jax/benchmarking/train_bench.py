@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from sdm_jax.training.steps import LOSS_CHUNK_TOKENS
+from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 
 # The H200's dense bf16 rate that model FLOPs utilisation is taken against (SPEC.md section 7).
 PEAK_FLOPS = 790e12
@@ -99,7 +99,7 @@ def measure(spec):
   from sdm_jax.models import LanguageModel, count_params
   from sdm_jax.training.loop import prefetch_to_device
   from sdm_jax.training.optimizer import make_optimizer
-  from sdm_jax.training.sharding import make_mesh, place_state
+  from sdm_jax.models.sharding import make_mesh, place_state
   from sdm_jax.training.steps import TrainStep
 
   model_config = ml_collections.ConfigDict(spec["model"])

@@ -79,7 +79,7 @@ class LanguageModel(nnx.Module):
 
   def features(self, tokens):
     """tokens: [B, T] -> the final norm's output [B, T, width], what the head maps to logits (the training
-    loss scores it chunk by chunk, `training.steps.token_scores`)."""
+    loss scores it chunk by chunk, `models.loss.token_scores`)."""
     x = self.embed(tokens)
     run = lambda block, x: block(x)
     if self.remat != "none":

@@ -50,9 +50,9 @@ def _spans(g, sub):
 
 
 def _decayed_grams(q, e, u, spans, sub):
-  """T[r, c] = sum_k e[r,k] u[c,k] exp(G_r - G_c) for c < r and A_qk[r, c] likewise with q for c <= r.
+  """T[r, c] = sum_k e[r,k] u[c,k] exp(G_r - G_c) for c < r and Aqk[r, c] likewise with q for c <= r.
 
-  q, e, u: [..., C, K]. Returns (T, A_qk), each [..., C, C], zero above the diagonal.
+  q, e, u: [..., C, K]. Returns (T, Aqk), each [..., C, C], zero above the diagonal.
   """
   *lead, C, K = q.shape
   n = C // sub
@@ -81,10 +81,11 @@ def _decayed_grams(q, e, u, spans, sub):
 def chunk_intra(q, u, e, z, g, scale, chunk_size):
   """Everything of the chunked form that is parallel over chunks.
 
-  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]. Returns the per-chunk tensors the state pass consumes,
-  each [B, H, N, C, D] (N = ceil(T / C); padded tokens have g = 0 and write nothing):
-    Y = A (e * exp(G)), U = A z, W = u * exp(G_C - G), q_decayed = scale * q * exp(G),
-    A_qk [B, H, N, C, C], decay_last = exp(G_C) [B, H, N, K, 1].
+  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]. Returns the per-chunk tensors the state pass consumes, by the
+  names of `pallas_kernels.delta_rule_fwd.ChunkTensors` but laid out [B, H, N, C, D] (N = ceil(T / C); padded
+  tokens have g = 0 and write nothing):
+    Y = A (e * exp(G)), U = A z, u_decayed = u * exp(G_C - G), q_decayed = scale * q * exp(G),
+    Aqk [B, H, N, C, C], decay_last = exp(G_C) [B, H, N, K, 1].
   """
   B, T, H, K = q.shape
   C = chunk_size
@@ -97,24 +98,24 @@ def chunk_intra(q, u, e, z, g, scale, chunk_size):
 
   q, u, e, z, g = map(to_chunks, (q * scale, u, e, z, g))
   spans = _spans(g, sub)
-  T_mat, A_qk = _decayed_grams(q, e, u, spans, sub)
+  T_mat, Aqk = _decayed_grams(q, e, u, spans, sub)
   by_row = lambda x: x.reshape(B, H, N, C, K)
-  from_start = by_row(spans["before"][..., :, None, :] + spans["inclusive"])  # G_r, the cumsum to row r
-  to_end = by_row(spans["suffix"] + spans["after"][..., :, None, :])  # G_C - G_r
+  G = by_row(spans["before"][..., :, None, :] + spans["inclusive"])  # G_r, the cumsum to row r
+  G_to_end = by_row(spans["suffix"] + spans["after"][..., :, None, :])  # G_C - G_r
 
   # A = (I + T)^-1 applied by an exact unit-lower-triangular solve: Y = A (e * exp(G)), U = A z.
   eye = jnp.eye(C, dtype=q.dtype)
-  rhs = jnp.concatenate([e * jnp.exp(from_start), z], axis=-1)
+  rhs = jnp.concatenate([e * jnp.exp(G), z], axis=-1)
   sol = jax.lax.linalg.triangular_solve(eye + T_mat, rhs, left_side=True, lower=True, unit_diagonal=True)
-  return {"Y": sol[..., :K], "U": sol[..., K:], "W": u * jnp.exp(to_end), "q_decayed": q * jnp.exp(from_start),
-          "A_qk": A_qk, "decay_last": jnp.exp(spans["total"])[..., :, None]}
+  return {"Y": sol[..., :K], "U": sol[..., K:], "u_decayed": u * jnp.exp(G_to_end), "q_decayed": q * jnp.exp(G),
+          "Aqk": Aqk, "decay_last": jnp.exp(spans["total"])[..., :, None]}
 
 
 def chunk_step(state, chunk):
   """One chunk of the state pass: (state entering, chunk tensors without the N axis) -> (state leaving, o)."""
   R = chunk["U"] - _einsum("bhck,bhkv->bhcv", chunk["Y"], state)
-  o = _einsum("bhck,bhkv->bhcv", chunk["q_decayed"], state) + _einsum("bhcs,bhsv->bhcv", chunk["A_qk"], R)
-  return chunk["decay_last"] * state + _einsum("bhck,bhcv->bhkv", chunk["W"], R), o
+  o = _einsum("bhck,bhkv->bhcv", chunk["q_decayed"], state) + _einsum("bhcs,bhsv->bhcv", chunk["Aqk"], R)
+  return chunk["decay_last"] * state + _einsum("bhck,bhcv->bhkv", chunk["u_decayed"], R), o
 
 
 def from_chunks(o, T):

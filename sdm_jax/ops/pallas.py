@@ -3,19 +3,20 @@
 Forward: `pallas_kernels.delta_rule_fwd` (chunk_cumsum, intra_chunk, then state_pass). Without gradients the
 kernels form u, e, z from the mixer's k, v and gates (`mixer_inputs.Form`). For gradients, a custom_vjp: the
 forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.delta_rule_bwd` (state_pass_bwd,
-then intra_chunk_bwd) the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads), Y, U, A_qk, the
-chunk decays q~, u~, exp(G_C), the fp32 inverse A and the initial state; the backward runs the state pass again
-for the fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the
-gradients then go through the forming of q, u, e, z by autodiff of `mixer_inputs.reference_inputs`.
+then intra_chunk_bwd) the `Residuals`: the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads),
+the `ChunkTensors` with the fp32 inverse A, and the initial state; the backward runs the state pass again for the
+fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the gradients
+then go through the forming of q, u, e, z by autodiff of `mixer_inputs.reference_inputs`.
 """
 
 import functools
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
 from pallas_kernels.mixer_inputs import FORMED, mixer_inputs, reference_inputs
 from sdm_jax.ops.validation import on_gpu
 
@@ -49,9 +50,27 @@ def interpret():
   return not on_gpu()
 
 
+class Residuals(NamedTuple):
+  """What the custom_vjp saves for `_bwd`. q, u, e [B, Tp, H, Kp], z [B, Tp, H, Vp] in the io dtype and G
+  [B, Tp, H, Kp] fp32, padded to whole chunks and kernel widths; chunks: `intra_chunk`'s `ChunkTensors` with A;
+  initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes; op_inputs: the op's (q, k, v, gates),
+  which the backward differentiates the forming of q, u, e, z at (set by `_fwd`)."""
+  q: jax.Array
+  u: jax.Array
+  e: jax.Array
+  z: jax.Array
+  G: jax.Array
+  chunks: ChunkTensors
+  initial_state: jax.Array
+  T: int
+  K: int
+  V: int
+  op_inputs: Optional[tuple] = None
+
+
 def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_size, save):
-  """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's residuals (then
-  the arrays must be the formed (u, z, e))."""
+  """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
+  op_inputs (then the arrays must be the formed (u, z, e))."""
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -60,15 +79,15 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_siz
   arrays = tuple(_pad(x, Tp, width[kind]) for x, kind in zip(arrays, form.kinds))
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, **kw)
-  y, w, aqk, qd, ud, decay, *inverse = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save,
-                                                   scalar_decay=scalar_decay, scale=scale, **kw)
+  chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scalar_decay=scalar_decay,
+                       scale=scale, **kw)
   state = _pad_state(state, Kp, Vp)
-  o, final_state = state_pass(qd, ud, decay, y, w, aqk, state, **kw)
+  o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
   if not save:
     return out, None
   u, z, e = arrays
-  return out, (q, u, e, z, G, y, w, aqk, qd, ud, decay, inverse[0], state)
+  return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
@@ -87,8 +106,8 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
 
 def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state):
   q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
-  out, saved = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, scale, chunk_size, save=True)
-  return out, (saved, (q, k, v, gates), q.shape, v.shape[-1])
+  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, scale, chunk_size, save=True)
+  return out, residuals._replace(op_inputs=(q, k, v, gates))
 
 
 def _reference(form, io_dtype, q, k, v, gates):
@@ -97,20 +116,21 @@ def _reference(form, io_dtype, q, k, v, gates):
 
 def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents):
   del scalar_decay  # the backward kernels take the decay per channel
-  (q, u, e, z, G, y, w, aqk, qd, ud, decay, inverse, state), inputs, (B, T, H, K), V = residuals
+  res = residuals
+  T, K, V = res.T, res.K, res.V
   d_o, d_final = cotangents
-  Tp, Kp, Vp = q.shape[1], q.shape[-1], z.shape[-1]
+  Tp, Kp, Vp = res.q.shape[1], res.q.shape[-1], res.z.shape[-1]
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   # The states entering each chunk ([B, H, T/C, K, V] fp32, 512 MiB per layer at B 4, T 4096, H 16, C 32) and
   # R are formed again here rather than saved: one more state pass, whose forward then writes neither.
-  _, _, states, r = state_pass(qd, ud, decay, y, w, aqk, state, save_states=True, **kw)
-  d_o = _pad(d_o.astype(z.dtype), Tp, Vp)
-  d_r, d_state, d_states = state_pass_bwd(qd, ud, decay, y, aqk, d_o,
-                                          _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
-  dq, du, de, dz, dg = intra_chunk_bwd(q, u, e, z, G, r, inverse, states, d_states, d_o, d_r, scale=scale, **kw)
+  _, _, states, R = state_pass(res.chunks, res.initial_state, save_states=True, **kw)
+  d_o = _pad(d_o.astype(res.z.dtype), Tp, Vp)
+  d_r, d_state, d_states = state_pass_bwd(res.chunks, d_o, _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
+  dq, du, de, dz, dg = intra_chunk_bwd(res.q, res.u, res.e, res.z, res.G, R, res.chunks.A, states, d_states, d_o,
+                                       d_r, scale=scale, **kw)
   key = lambda x: x[:, :T, :, :K]
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
-  _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *inputs)
+  _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
   return (*d_inputs, key(dg), d_state[:, :, :K, :V])
 

@@ -10,12 +10,14 @@ import numpy as np
 from flax import nnx
 
 from sdm_jax.data import make_iterator
+from sdm_jax.evaluation.lm_eval import evaluate
 from sdm_jax.models import LanguageModel, count_params
+from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
+from sdm_jax.models.sharding import global_batch, make_mesh, place_state
 from sdm_jax.training.checkpoint import Checkpointer
 from sdm_jax.training.metrics import MetricsLog, Progress, plot_metrics
 from sdm_jax.training.optimizer import make_optimizer
-from sdm_jax.training.sharding import global_batch, make_mesh, place_state
-from sdm_jax.training.steps import LOSS_CHUNK_TOKENS, TrainStep, eval_step
+from sdm_jax.training.steps import TrainStep
 
 
 class TrainingDiverged(RuntimeError):
@@ -26,23 +28,6 @@ def build(config, mesh):
   model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
   place_state(model, mesh, config.train.fsdp)
   return model
-
-
-def evaluate(model, config, mesh, split="validation"):
-  """Token loss, accuracy, perplexity and sequence exact match over config.train.eval_batches batches."""
-  iterator = make_iterator(config, split, shard_index=jax.process_index(), shard_count=jax.process_count())
-  totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0, "exact_match": 0.0, "sequences": 0.0}
-  for _, batch in zip(range(config.train.eval_batches), iterator):  # validation is finite
-    metrics = jax.device_get(eval_step(model, global_batch(batch, mesh)))
-    for key in ("loss", "accuracy"):
-      totals[key] += float(metrics[key]) * float(metrics["tokens"])
-    totals["tokens"] += float(metrics["tokens"])
-    totals["exact_match"] += float(metrics["exact_match"]) * float(metrics["sequences"])
-    totals["sequences"] += float(metrics["sequences"])
-  count = max(totals["tokens"], 1.0)
-  loss = totals["loss"] / count
-  return {"loss": loss, "accuracy": totals["accuracy"] / count, "perplexity": float(np.exp(min(loss, 50.0))),
-          "exact_match": totals["exact_match"] / max(totals["sequences"], 1.0)}
 
 
 def prefetch_to_device(iterator, mesh, count, ahead=2):

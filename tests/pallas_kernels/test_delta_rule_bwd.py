@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import intra_chunk, state_pass, state_stages
+from pallas_kernels.delta_rule_fwd import ChunkTensors, intra_chunk, state_pass, state_stages
 
 from lowering import TRITON_CALL, lower_for_h200
 
@@ -19,14 +19,13 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   f32 = jnp.float32
   key, value, chunk = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, chunk_size)
-  decay = spec(B, N, H, K, d=f32)
+  chunks = ChunkTensors(Y=key, U=value, Aqk=chunk, q_decayed=key, u_decayed=key, decay_last=spec(B, N, H, K, d=f32))
   kw = dict(chunk_size=chunk_size)
   kernels = [  # (function, arguments, its Triton launches)
       (lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **kw),
        (key, key, key, value, spec(B, T, H, K, d=f32)), 2),
-      (lambda *a: state_pass(*a, save_states=True, **kw), (key, key, decay, key, value, chunk, spec(B, H, K, V, d=f32)),
-       1),
-      (lambda *a: state_pass_bwd(*a, **kw), (key, key, decay, key, chunk, value, spec(B, H, K, V, d=f32)), 1),
+      (lambda *a: state_pass(*a, save_states=True, **kw), (chunks, spec(B, H, K, V, d=f32)), 1),
+      (lambda *a: state_pass_bwd(*a, **kw), (chunks, value, spec(B, H, K, V, d=f32)), 1),
       (lambda *a: intra_chunk_bwd(*a, scale=0.1, **kw),
        (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
         spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32)), 2),

@@ -63,8 +63,9 @@ def test_kernels_form_what_mixer_inputs_writes(mixer):
   ours = intra_chunk(q, (k, v, *gates), G, form=_form(mixer, build, True), **kw)
   q_, u, e, z = mixer_inputs(build, True, jnp.float32, q, k, v, *gates, interpret=True)
   ref = intra_chunk(q_, (u, z, e), G, form=FORMED, **kw)
-  for name, a, b in zip(("Y", "U", "A_qk", "q~", "u~", "exp(G_C)", "A"), ours, ref):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=name)
+  for name in ours._fields:
+    np.testing.assert_allclose(np.asarray(getattr(ours, name)), np.asarray(getattr(ref, name)), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
 
 
 def test_form_finds_what_each_output_reads_and_rejects_crossing_sides():

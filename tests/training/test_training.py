@@ -18,11 +18,12 @@ from flax import nnx
 
 from experiments.configs.mqar import get_config
 from sdm_jax.data import make_iterator
+from sdm_jax.evaluation import lm_eval
+from sdm_jax.models.sharding import global_batch, make_mesh, place_state
 from sdm_jax.training import loop
 from sdm_jax.training.checkpoint import Checkpointer
 from sdm_jax.training.metrics import MetricsLog
 from sdm_jax.training.optimizer import make_optimizer
-from sdm_jax.training.sharding import global_batch, make_mesh, place_state
 from sdm_jax.training.steps import train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -133,7 +134,7 @@ def reference_train(config, workdir):
     if step % train_cfg.log_every == 0 or step == train_cfg.steps:
       records.append({"split": "train", "step": step, **{k: float(v) for k, v in metrics.items()}})
     if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
-      records.append({"split": "eval", "step": step, **loop.evaluate(model, config, mesh)})
+      records.append({"split": "eval", "step": step, **lm_eval.evaluate(model, config, mesh)})
     if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
       checkpoints.save(step, model, optimizer, iterator.get_state(), config)
   checkpoints.close()
@@ -216,7 +217,7 @@ print(json.dumps({{"devices": len(jax.devices()), "losses": train_losses(sys.arg
 
 def test_masked_metrics_against_hand_computed_values():
   import jax.numpy as jnp
-  from sdm_jax.training.steps import masked_cross_entropy
+  from sdm_jax.models.loss import masked_cross_entropy
   logits = jnp.log(jnp.asarray([[[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]],
                                 [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.1, 0.1, 0.8]]]))
   targets = jnp.asarray([[0, 1, 0], [1, 2, 2]])
