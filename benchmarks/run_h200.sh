@@ -12,7 +12,9 @@
 # train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The default allocator: no XLA_PYTHON_CLIENT_PREALLOCATE=false, which distorts back-to-back times (SPEC.md
+# section 7); bench_ops, which shares the card with torch, lowers XLA_PYTHON_CLIENT_MEM_FRACTION itself.
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 # fla's autotuning (285 s for gdn2's first shape in session 11) is kept between calls and sessions: Triton
 # caches each result as a small *.autotune.json; the call leaves them in $OUT/fla_autotune.tgz. Copy that
 # file over benchmarks/fla_autotune_h200.tgz (committed, ~16 KB) when it has grown: fla then compiles only

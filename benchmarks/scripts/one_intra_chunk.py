@@ -4,10 +4,8 @@ K = V = 128, bf16, chunk from argv, default 64), for a profiler such as Nsight C
 
   ncu -k regex:intra_chunk -c 2 --section Occupancy ... python3 benchmarks/scripts/one_intra_chunk.py 64
 """
-import os
 import sys
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 import jax.numpy as jnp
 

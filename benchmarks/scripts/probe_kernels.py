@@ -17,7 +17,6 @@ import os
 import sys
 import warnings
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 warnings.filterwarnings("ignore")
 
 import jax

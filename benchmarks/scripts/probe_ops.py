@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # torch shares the card; see bench_ops
 warnings.filterwarnings("ignore")
 
 import jax

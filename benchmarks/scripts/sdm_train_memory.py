@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.sdm_bench import sdm_inputs
+from sdm_jax.benchmarking.timing import peak_device_bytes
 from sdm_jax.ops import sparse_delta_rule
 
 B, T, H, N, V, W = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "4,4096,2,65536,1024,128").split(","))
@@ -76,7 +77,7 @@ def main():
         start = time.perf_counter()
         jax.block_until_ready(compiled(floats, ints, r_o))
         ms = f"{(time.perf_counter() - start) * 1e3:.1f}"
-        now = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+        now = peak_device_bytes()
         peak = f"{now / SCALE:.2f}" if now > peak_so_far else f"<={now / SCALE:.2f}"
         peak_so_far = max(peak_so_far, now)
       except Exception as error:  # an option that does not fit is a result

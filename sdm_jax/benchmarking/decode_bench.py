@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.benchmarking.timing import error_text, median_ms, write_tables
+from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, write_tables
 from sdm_jax.models import LanguageModel, layer_letters
 
 # The name of the full-attention model in a sweep: the peer every other model is compared with.
@@ -85,11 +85,6 @@ def _signature(tree):
   return jax.tree.structure(tree), tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(tree))
 
 
-def _peak_bytes():
-  stats = jax.devices()[0].memory_stats()
-  return stats.get("peak_bytes_in_use") if stats else None
-
-
 def time_point(model, batch, context, *, steps, reps, compiled_decodes, name):
   """Times one (model, batch, context); returns {ms_per_step, tokens_per_s, compile_s, temp_bytes, device_peak_bytes}.
 
@@ -108,7 +103,7 @@ def time_point(model, batch, context, *, steps, reps, compiled_decodes, name):
   memory = compiled.memory_analysis()
   return {"ms_per_step": ms / steps, "tokens_per_s": batch * steps / (ms * 1e-3),
           "compile_s": compile_s if compiled_now else None,
-          "temp_bytes": memory.temp_size_in_bytes if memory else None, "device_peak_bytes": _peak_bytes()}
+          "temp_bytes": memory.temp_size_in_bytes if memory else None, "device_peak_bytes": peak_device_bytes()}
 
 
 def link_attention(records):

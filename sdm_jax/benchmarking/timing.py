@@ -28,9 +28,14 @@ def _cupti():
     return None
 
 
+def kernel_timer_available():
+  """Whether `kernel_times` (and `median_ms`'s device timer) works here: a GPU with jax's CUPTI binding."""
+  return _cupti() is not None
+
+
 def timer_name():
   """How `median_ms` measures on this backend (written into every report)."""
-  if _cupti() is not None:
+  if kernel_timer_available():
     return "device: sum of the kernels' durations from CUPTI (gaps between kernels not counted)"
   return "host wall clock around one synchronised call"
 
@@ -51,6 +56,13 @@ def kernel_times(run):
   return list(timings or [])
 
 
+def peak_device_bytes():
+  """The device's peak bytes in use since the process started (JAX cannot reset it), or None where the backend
+  keeps no memory statistics (the CPU)."""
+  stats = jax.devices()[0].memory_stats()
+  return stats.get("peak_bytes_in_use") if stats else None
+
+
 def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
   """Median time in ms of fn(*arg_sets[i % len(arg_sets)]) over `reps` runs, each synchronised by
   sync(result).
@@ -61,7 +73,7 @@ def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
   """
   for args in arg_sets:
     sync(fn(*args))
-  device = _cupti() is not None
+  device = kernel_timer_available()
   times = []
   for i in range(reps):
     args = arg_sets[i % len(arg_sets)]

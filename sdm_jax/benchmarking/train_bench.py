@@ -66,16 +66,10 @@ class RandomTokens:
     return {"next_index": self.index}
 
 
-def _peak_bytes():
-  import jax
-  stats = jax.devices()[0].memory_stats() or {}
-  return stats.get("peak_bytes_in_use")
-
-
 def _kernel_summary(run, top=12):
   """[(kernel name, ms)] of one synchronised run, summed by name, largest first (CUPTI; None off the GPU)."""
-  from sdm_jax.benchmarking.timing import _cupti, kernel_times
-  if _cupti() is None:
+  from sdm_jax.benchmarking.timing import kernel_timer_available, kernel_times
+  if not kernel_timer_available():
     return None
   sums = {}
   for name, ms in kernel_times(run):
@@ -96,10 +90,11 @@ def measure(spec):
   import ml_collections
   from flax import nnx
 
+  from sdm_jax.benchmarking.timing import peak_device_bytes
   from sdm_jax.models import LanguageModel, count_params
+  from sdm_jax.models.sharding import make_mesh, place_state
   from sdm_jax.training.loop import prefetch_to_device
   from sdm_jax.training.optimizer import make_optimizer
-  from sdm_jax.models.sharding import make_mesh, place_state
   from sdm_jax.training.steps import TrainStep
 
   model_config = ml_collections.ConfigDict(spec["model"])
@@ -150,7 +145,7 @@ def measure(spec):
       ms_per_step_synced=statistics.median(synced), ms_per_step_loop=ms, loop_repeats_ms=loop_times,
       tokens_per_s_synced=tokens / statistics.median(synced) * 1e3, tokens_per_s=tokens / ms * 1e3,
       flops_per_token=flops_per_token, mfu=flops_per_token * tokens / (ms * 1e-3) / PEAK_FLOPS,
-      peak_bytes=_peak_bytes())
+      peak_bytes=peak_device_bytes())
   return result
 
 

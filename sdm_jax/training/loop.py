@@ -104,7 +104,8 @@ def train(config, workdir, *, resume=True, stop_after=None, log=print):
         if progress.tokens_per_s is not None:
           record["tokens_per_s"] = progress.tokens_per_s
         metrics_log.write(record)
-      step_fn.sync()  # the model and optimizer hold donated arrays until now
+      if eval_now or save_now:
+        step_fn.sync()  # the model and optimizer hold donated arrays until now
       pause = time.perf_counter()
       if eval_now:
         result = evaluate(model, config, mesh)
