@@ -22,8 +22,9 @@ The backward walks the tokens in reverse with the table cotangent dM in place. P
 The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
 Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
 [B, H, T]; v, d_o [.., V]; rows [.., W, V] (fp32 or, rounded, bf16: the undo then restores the rounded rows);
-table [B, H, N, V] fp32. W, R, V powers of two. A backward over tokens lo..hi-1 alone takes those tokens' slices
-and the table after token hi - 1 (`sparse_tokens_fwd` over tokens 0..hi-1 with rows_from = lo gives both).
+table [B, H, N, V] fp32 or bf16 (then the rows saved in bf16 are exact, and so is the undo). W, R, V powers of two.
+A backward over tokens lo..hi-1 alone takes those tokens' slices and the table after token hi - 1
+(`sparse_tokens_fwd` over tokens 0..hi-1 with rows_from = lo gives both).
 """
 
 import functools
@@ -47,6 +48,7 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
+  gather = lambda idx: table_ref[at_rows(idx)].astype(f32)  # the table may be stored in bf16; the math is fp32
 
   def token(t, rows, save):
     """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
@@ -57,18 +59,18 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     r = jnp.sum(k_w_ref[t, :][:, None] * rows, axis=0, keepdims=True)
     d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(f32) - r)
     barrier()  # a slot listed twice: every copy is read before any is rewritten
-    table_ref[k_rows] = rows + k_slot_ref[t, :][:, None] * d
+    table_ref[k_rows] = (rows + k_slot_ref[t, :][:, None] * d).astype(table_ref.dtype)
     barrier()  # the writes land before the reads
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/2026-11-30_h200_session12.md).
-    read = table_ref[at_rows(q_idx_ref[t, :])]
-    following = table_ref[at_rows(k_idx_ref[jnp.minimum(t + 1, T - 1), :])]
+    read = gather(q_idx_ref[t, :])
+    following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :])
     o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following
 
-  rows = table_ref[at_rows(k_idx_ref[0, :])]
+  rows = gather(k_idx_ref[0, :])
   if rows_from:
     rows = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), rows)
   jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), rows)
@@ -86,9 +88,10 @@ def _specs(block_v):
                                              "num_stages", "interpret"))
 def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, save_rows=True, rows_dtype=jnp.float32,
                       rows_from=0, block_v=32, num_warps=4, num_stages=1, interpret=False):
-  """Returns (final table [B, H, N, V] fp32, o [B, H, T, V] in v.dtype) and with save_rows the rows that tokens
-  rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the backward
-  undoes the writes with; the forward itself computes with the fp32 rows). Launch
+  """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
+  that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
+  backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
+  or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
   settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
   64: 23.6; benchmarks/2026-11-30_h200_session11.md)."""
   B, H, N, V = table.shape
@@ -96,7 +99,7 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   R = q_idx.shape[-1]
   block_v = min(block_v, V)
   per_head, tile, _ = _specs(block_v)
-  out_shape = [jax.ShapeDtypeStruct(table.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
+  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
   out_specs = [tile(N), tile(T)]
   if not 0 <= rows_from < T:
     raise ValueError(f"rows_from: expected a token in [0, T) = [0, {T}), got {rows_from}")
@@ -131,7 +134,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     # 1. The read of token t, on M_t.
     q_rows = at_rows(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
-    d_q_w_ref[t, :] = jnp.sum(table_ref[q_rows] * d_o, axis=1)
+    d_q_w_ref[t, :] = jnp.sum(table_ref[q_rows].astype(f32) * d_o, axis=1)
     d_read = d_table_ref[q_rows]
     barrier()
     d_table_ref[q_rows] = d_read + q_slot_ref[t, :][:, None] * d_o
@@ -152,7 +155,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
     barrier()
     d_table_ref[k_rows] = d_found
-    table_ref[k_rows] = found
+    table_ref[k_rows] = found.astype(table_ref.dtype)
     barrier()
     return carry
 
@@ -162,10 +165,10 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
                       block_v=32, num_warps=8, num_stages=1, interpret=False):
-  """table: the final table, d_table: its cotangent (both overwritten in place). Returns (the initial table,
-  its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile [B, H, V / block_v, T, ...]: d_k_w
-  [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)). Launch settings as for the
-  forward (block_v 32 with 8 warps: 44.6 ms at the H200 bench shape, 16 with 4: 69.0)."""
+  """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
+  (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
+  [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
+  Launch settings as for the forward (block_v 32 with 8 warps: 44.6 ms at the H200 bench shape, 16 with 4: 69.0)."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
@@ -175,8 +178,8 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   return pl.pallas_call(
       functools.partial(_bwd_kernel, interpret=interpret),
-      out_shape=(f32(B, H, N, V), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W), f32(B, H, nv, T, R),
-                 f32(B, H, nv, T), f32(B, H, nv, T)),
+      out_shape=(jax.ShapeDtypeStruct(table.shape, table.dtype), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W),
+                 f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)),
       grid=(B, H, nv),
       in_specs=[per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
                 per_head(T, R), per_head(T, R), tile(T, W), tile(T), tile(N), tile(N)],

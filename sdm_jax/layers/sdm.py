@@ -27,11 +27,12 @@ class SparseDeltaMemory(RecurrentMixer):
 
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
   key_dim = the width of each sub-key (and of each query half), V = value_dim per head. rows_dtype and
-  rows_segments choose what impl="pallas" keeps for its backward (`ops.sparse_delta_rule`).
+  rows_segments choose what impl="pallas" keeps for its backward, table_dtype what it stores the table in
+  (`ops.sparse_delta_rule`).
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, rows_dtype="float32", rows_segments=1, dtype=jnp.float32, rngs):
+               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", dtype=jnp.float32, rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
@@ -54,7 +55,7 @@ class SparseDeltaMemory(RecurrentMixer):
     self.num_heads, self.key_dim, self.value_dim = H, key_dim, V
     self.topk_write, self.topk_read = topk_write, topk_read
     self.impl, self.chunk_size = impl, chunk_size
-    self.rows_dtype, self.rows_segments = rows_dtype, rows_segments
+    self.rows_dtype, self.rows_segments, self.table_dtype = rows_dtype, rows_segments, table_dtype
 
   def address(self, query, k):
     """query: [B, T, H * 2 * key_dim] -> (slot indices, softmax weights), both [B, T, H, k]."""
@@ -83,6 +84,7 @@ class SparseDeltaMemory(RecurrentMixer):
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
     o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
                                      chunk_size=self.chunk_size, output_final_state=True,
-                                     rows_dtype=self.rows_dtype, rows_segments=self.rows_segments)
+                                     rows_dtype=self.rows_dtype, rows_segments=self.rows_segments,
+                                     table_dtype=self.table_dtype)
     out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), {"M": table}

@@ -14,7 +14,8 @@ def default_config():
   chunk_size 16-64); none of them changes the parameters.
   remat: what each block saves for the backward ("none", "block", "dots", "dots_kernels"; `lm.REMAT_POLICIES`),
   which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
-  within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps.
+  within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
+  sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster).
   sdm_key_dim is the width of each sub-key (each half of an SDM query).
   """
   c = ml_collections.ConfigDict()
@@ -40,6 +41,7 @@ def default_config():
   c.sdm_chunk_size = 16
   c.sdm_rows_dtype = "float32"
   c.sdm_rows_segments = 1
+  c.sdm_table_dtype = "float32"
   c.dtype = "float32"
   c.remat = "none"
   return c

@@ -47,7 +47,8 @@ def make_mixer(letter, config, *, dtype, rngs):
   return SparseDeltaMemory(c.width, num_heads=c.sdm_heads, num_slots=c.sdm_num_slots, topk_write=c.sdm_topk_write,
                            topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.sdm_impl,
                            chunk_size=c.sdm_chunk_size, rows_dtype=c.get("sdm_rows_dtype", "float32"),
-                           rows_segments=c.get("sdm_rows_segments", 1), dtype=dtype, rngs=rngs)
+                           rows_segments=c.get("sdm_rows_segments", 1), table_dtype=c.get("sdm_table_dtype", "float32"),
+                           dtype=dtype, rngs=rngs)
 
 
 class LanguageModel(nnx.Module):

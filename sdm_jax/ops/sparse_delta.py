@@ -55,7 +55,7 @@ def _check_indices(name, idx, N):
 
 
 def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
-                      output_final_state=False, rows_dtype="float32", rows_segments=1):
+                      output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32"):
   """The Sparse Delta Memory recurrence.
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
@@ -67,11 +67,13 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   rows_dtype ("float32" or "bfloat16"), rows_segments (an int >= 1): impl="pallas" only, what its backward gets
   the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or saved for
   the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
+  table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
+  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
   Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
   indices raise ValueError (under jit: a check that `checkify` reports).
   """
   impl = check_options(impl, chunk_size)
-  check_rows_options(rows_dtype, rows_segments)
+  check_rows_options(rows_dtype, rows_segments, table_dtype)
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
   if m0.ndim == 3:
@@ -96,7 +98,7 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
     # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
     # bits as the fp32 copies, without keeping them for the backward.
     o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
-                                   rows_segments=rows_segments)
+                                   rows_segments=rows_segments, table_dtype=table_dtype)
   else:
     C = chunk_size
     pad = -T % C

@@ -12,6 +12,11 @@ beside them 2.1 GB). Two options shrink them: rows_dtype="bfloat16" saves them r
 unchanged, and so are the gradients of m0 and v, which do not read the rows; the others move by about bf16's
 rounding), and rows_segments=K saves only the last of K token segments' rows, the backward replaying the
 forward from m0 for each earlier segment (the same bits; (K - 1) / 2 forwards more).
+
+table_dtype="bfloat16" stores the table itself in bf16 (each written row rounded as it is stored, the math in
+fp32): the kernels then move half the bytes, and the rows they save are bf16 copies of the table's, so the undo is
+exact. It changes the forward (lossy, like a bf16 state) and its gradients are those of the fp32 recurrence at the
+rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md.
 """
 
 import functools
@@ -24,20 +29,26 @@ from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.pallas import interpret, next_pow2
 
 MIN_DIM = 16  # entries (W, R) and value columns are padded to powers of two >= 16
-ROWS_DTYPES = ("float32", "bfloat16")  # the first is the default: the exact backward
+ROWS_DTYPES = ("float32", "bfloat16")  # the first is the default: the exact backward (and the exact table)
 
 
-def check_rows_options(rows_dtype, rows_segments):
-  """ValueError unless rows_dtype is one of ROWS_DTYPES (a name or a dtype) and rows_segments an int >= 1."""
+def _dtype_name(argument, value):
   try:
-    name = jnp.dtype(rows_dtype).name
+    name = jnp.dtype(value).name
   except TypeError:
     name = None
   if name not in ROWS_DTYPES:
-    raise ValueError(f"rows_dtype: expected one of {ROWS_DTYPES}, got {rows_dtype!r}")
+    raise ValueError(f"{argument}: expected one of {ROWS_DTYPES}, got {value!r}")
+  return name
+
+
+def check_rows_options(rows_dtype, rows_segments, table_dtype="float32"):
+  """ValueError unless rows_dtype and table_dtype are among ROWS_DTYPES (names or dtypes) and rows_segments an
+  int >= 1. Returns (rows dtype name, table dtype name); a bf16 table saves its rows in bf16 whatever rows_dtype."""
+  rows_name, table_name = _dtype_name("rows_dtype", rows_dtype), _dtype_name("table_dtype", table_dtype)
   if isinstance(rows_segments, bool) or not isinstance(rows_segments, int) or rows_segments < 1:
     raise ValueError(f"rows_segments: expected an int >= 1, got {rows_segments!r}")
-  return name
+  return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name
 
 
 def _slot_groups(idx):
@@ -99,15 +110,17 @@ def segment_bounds(T, rows_segments):
   return [k * T // K for k in range(K + 1)]
 
 
-def _batch_table(m0, B):
-  return jnp.broadcast_to(m0, (B, *m0.shape[-3:]))
+def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
+  return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
 
-def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1):
-  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch here); the rest as the op's."""
+def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
+             table_dtype=ROWS_DTYPES[0]):
+  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); the rest as the
+  op's."""
   args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
   bounds = segment_bounds(v.shape[1], rows_segments)
-  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0]), *args, save_rows=save,
+  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0], table_dtype), *args, save_rows=save,
                                       rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], interpret=interpret())
   if not save:
     return (_tokens(o), final), None
@@ -152,16 +165,16 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
-def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments)
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype)
 
 
-def _bwd(rows_dtype, rows_segments, residuals, cotangents):
+def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs)."""
@@ -171,7 +184,7 @@ def _bwd(rows_dtype, rows_segments, residuals, cotangents):
   bounds = segment_bounds(T, rows_segments)
   tokens = _backward_tokens(r, d_o)
   forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
-  table, d_table, rows = r.final, d_final, r.rows
+  table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
   pieces = []
   for k in reversed(range(len(bounds) - 1)):
@@ -180,7 +193,7 @@ def _bwd(rows_dtype, rows_segments, residuals, cotangents):
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
       d_table, m0 = jax.lax.optimization_barrier((d_table, r.m0))
-      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B), *_token_slice(forward_args, 0, hi),
+      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
                                          rows_dtype=jnp.dtype(rows_dtype), rows_from=lo, interpret=interpret())
     table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
         *_kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows), interpret=interpret())
@@ -203,11 +216,13 @@ def _pad_entries(idx, w):
   return rep(idx, idx[..., :1]), rep(w, jnp.zeros_like(w[..., :1]))
 
 
-def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1):
+def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
+                        table_dtype="float32"):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
-  but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype). rows_dtype, rows_segments:
-  what the backward gets its rows from (the module docstring)."""
-  rows_dtype = check_rows_options(rows_dtype, rows_segments)
+  but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
+  rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in (the
+  module docstring)."""
+  rows_dtype, table_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype)
   B, T, _, V = v.shape
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
   q_idx, q_w = _pad_entries(q_idx.astype(jnp.int32), q_w)
@@ -217,5 +232,5 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
     m0 = jnp.pad(m0, [(0, 0)] * (m0.ndim - 1) + [(0, Vp - V)])
   if len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all the backward needs
     m0 = _batch_table(m0, B)
-  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments)
-  return o[..., :V], final[..., :V]
+  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype)
+  return o[..., :V], final[..., :V].astype(jnp.float32)

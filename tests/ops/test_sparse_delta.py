@@ -29,11 +29,16 @@ def _inputs(seed, B=2, T=37, H=2, N=12, V=5, W=3, R=4, decay=1.0, beta_mode="ran
   )
 
 
-def _dense_reference(x):
-  """Written from the dense reading: GDN with key vector k_t and a decay only on its support."""
+def _bf16(x):
+  return np.asarray(np.asarray(x, np.float32).astype(jnp.bfloat16), np.float64)
+
+
+def _dense_reference(x, stored=lambda rows: rows):
+  """Written from the dense reading: GDN with key vector k_t and a decay only on its support. stored: what the
+  table keeps of the rows a token writes (and of m0): `_bf16` for a bf16 table."""
   B, T, H, _ = x["k_idx"].shape
   N, V = x["m0"].shape[-2:]
-  tables = np.broadcast_to(x["m0"], (B, H, N, V)).copy()
+  tables = stored(np.broadcast_to(x["m0"], (B, H, N, V)).copy())
   o = np.zeros((B, T, H, V))
   for b in range(B):
     for h in range(H):
@@ -46,7 +51,7 @@ def _dense_reference(x):
         support[x["k_idx"][b, t, h]] = True
         M = np.where(support[:, None], np.exp(x["g"][b, t, h]) * M, M)
         d = x["beta"][b, t, h] * (x["v"][b, t, h] - key @ M)
-        M = M + np.outer(key, d)
+        M = np.where(support[:, None], stored(M + np.outer(key, d)), M)
         o[b, t, h] = read @ M
       tables[b, h] = M
   return o, tables
@@ -153,6 +158,23 @@ def test_pallas_bf16_rows_near_fp32_rows(decay, rows_segments, seed):
   assert errors["q_w"] > 1e-5, errors  # the rows were rounded: the reads of the restored table moved
 
 
+
+def test_pallas_bf16_table():
+  """table_dtype="bfloat16": the table holds each written row rounded to bf16 (and m0 rounded): o and the final table
+  follow the float64 loop that rounds the same rows (to within fp32 ties that round the other way), lie at bf16's
+  distance from the fp32 table, and the gradients stay near the fp32 table's."""
+  x = _inputs(26, T=40, N=64, V=32, W=16, R=16, decay=0.3)
+  o, table = _run(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
+  assert table.dtype == jnp.float32 and np.array_equal(_bf16(table), np.asarray(table, np.float64))
+  o_ref, table_ref = _dense_reference(x, stored=_bf16)
+  assert _rel(o, o_ref) < 1e-4 and _rel(table, table_ref) < 1e-4
+  o_fp32, table_fp32 = _dense_reference(x)
+  assert 1e-4 < _rel(o, o_fp32) < 2.0**-7 and _rel(table, table_fp32) < 2.0**-7
+  exact = _grads(x, jnp.float32, impl="pallas")
+  rounded = _grads(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
+  errors = {name: _rel(rounded[name], exact[name]) for name in FLOATS}
+  assert all(error < 1e-2 for error in errors.values()), errors
+
 def test_pallas_rows_options_shrink_what_is_saved():
   """What jax.vjp keeps: bf16 halves the saved rows, K segments keep the last segment's; nothing else grows (m0, the
   replay's start, is the argument itself)."""
@@ -182,6 +204,7 @@ def test_segment_bounds():
 
 
 @pytest.mark.parametrize("option,value", [("rows_dtype", "float16"), ("rows_dtype", "int8"), ("rows_dtype", "fp32"),
+                                          ("table_dtype", "float16"),
                                           ("rows_segments", 0), ("rows_segments", 2.0), ("rows_segments", True)])
 @pytest.mark.parametrize("impl", ["chunk", "pallas"])
 def test_bad_rows_options_raise(option, value, impl):

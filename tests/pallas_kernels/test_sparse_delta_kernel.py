@@ -43,6 +43,17 @@ def test_backward_lowers_for_cuda(W, T, rows_dtype):
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
+def test_bf16_table_lowers_for_cuda():
+  """table_dtype="bfloat16" (sparse_delta_rule): the table in bf16 through both kernels, the rows saved in bf16."""
+  table = jax.ShapeDtypeStruct((B, H, N, V), jnp.bfloat16)
+  forward = lambda *a: sparse_tokens_fwd(*a, rows_dtype=jnp.bfloat16)
+  assert _lowers_for_cuda(forward, (table, *_forward_args(37, 128)[1:]))
+  x = lambda *shape, dtype=jnp.float32: _per_token(37, *shape, dtype=dtype)
+  idx = x(128, dtype=jnp.int32)
+  args = (table, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128, V, dtype=jnp.bfloat16), x(V))
+  assert _lowers_for_cuda(sparse_tokens_bwd, args)
+
+
 @pytest.mark.parametrize("block_v,num_warps,num_stages", [(8, 2, 1), (32, 8, 2), (64, 4, 1)])
 def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages):
   assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, save_rows=False, block_v=block_v, num_warps=num_warps,
