@@ -7,7 +7,6 @@ byte after the first is a target exactly once. Nothing is written to disk.
 """
 
 import dataclasses
-import hashlib
 import os
 import pathlib
 import sysconfig
@@ -16,7 +15,7 @@ import grain
 import numpy as np
 
 from sdm_jax.data import task
-from sdm_jax.data.seeding import check_split
+from sdm_jax.data.seeding import check_split, split_by_hash
 
 # NUL never occurs in Python source text, so it marks a file boundary without being confused with content.
 SEPARATOR = 0
@@ -43,12 +42,8 @@ def list_files(root=None):
 
 
 def split_of(relative_path, validation_fraction):
-  """The split of a path relative to the root: "validation" when the first 8 bytes of its SHA-256 fall in the
-  lowest validation_fraction of their range, else "train". Raising the fraction only moves files into validation."""
-  if not 0.0 < validation_fraction < 1.0:
-    raise ValueError(f"validation_fraction: expected a fraction in (0, 1), got {validation_fraction}")
-  digest = hashlib.sha256(pathlib.PurePath(relative_path).as_posix().encode()).digest()
-  return "validation" if int.from_bytes(digest[:8], "little") / 2**64 < validation_fraction else "train"
+  """The split of a path relative to the root, by a hash of its POSIX form (seeding.split_by_hash)."""
+  return split_by_hash(pathlib.PurePath(relative_path).as_posix().encode(), validation_fraction)
 
 
 def split_files(split, *, validation_fraction=VALIDATION_FRACTION, root=None):
