@@ -26,9 +26,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, backward_settings, chunk_rows_spec, chunk_spec, columns,
-                                           params, seq_spec, state_block_v, state_dot, state_spec, state_stages,
-                                           states_spec)
+from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, DocumentMasks, backward_settings, chunk_rows_spec,
+                                           chunk_spec, columns, document_masks, document_spec, masked, params,
+                                           seq_spec, split_documents, state_block_v, state_dot, state_spec,
+                                           state_stages, states_spec)
 
 
 def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, Aqk_ref, do_ref, dht_ref, dr_ref,
@@ -74,9 +75,13 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, block_v=None, num_
   )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.Aqk, d_o, d_final_state)
 
 
-def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_ref, ds_ref, do_ref, dr_ref,
-                            dz_ref, dg_ref, parts_ref, dt_ref, dAqk_ref, *, scale, key_block, interpret):
-  """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`)."""
+def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_ref, ds_ref, do_ref, dr_ref, *refs,
+                            scale, key_block, packed, interpret):
+  """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`). packed: refs start with the chunk's documents, and every
+  decay the forward masked (`DocumentMasks`) is masked here too, so the gradients, dg included, are those of
+  the masked chunk form; pass 4 then needs no masks (dT and dAqk are 0 across documents)."""
+  documents_ref, (dz_ref, dg_ref, parts_ref, dt_ref, dAqk_ref) = split_documents(refs, packed)
+  masks = document_masks(documents_ref) or DocumentMasks(None, None, None, None)
   f32 = jnp.float32
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -111,9 +116,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
       d_u_decayed += cm.dot(columns(r_ref, j, vb), d_state.T, io)
       d_decay_last += jnp.sum(state * d_state, axis=1)
     G = G_ref[:, keys]
-    exp_G = jnp.exp(G)
+    exp_G = masked(masks.sees_state, jnp.exp(G))
     G_C = G_ref[C - 1, keys][None, :]
-    exp_to_end = jnp.exp(G_C - G)
+    exp_to_end = masked(masks.in_last, jnp.exp(G_C - G))
     e, u = columns(e_ref, i, kb), columns(u_ref, i, kb)
     e_decayed = e * exp_G
     d_e = exp_G * cm.dot(A.T, d_y, io)
@@ -126,17 +131,17 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
     d_G = e * d_e + columns(q_ref, i, kb) * scale * d_q_decayed
     suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
     dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * exp_to_end * d_u_decayed, near)
-                       + jnp.exp(G_C) * d_decay_last[None, :])
+                       + masked(masks.carries, jnp.exp(G_C)) * d_decay_last[None, :])
     return d_a + cm.dot(d_y, e_decayed.T, io)
 
   d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, state_block, d_a), 0.0)
-  d_t = jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0)
+  d_t = masked(masks.same, jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0))
 
   # Pass 3, over V blocks: dAqk = dO R^T.
   d_Aqk = jax.lax.fori_loop(0, V // vb, lambda j, acc: acc + cm.dot(columns(do_ref, j, vb),
                                                                     columns(r_ref, j, vb).T, io), zeros)
   dt_ref[...] = d_t
-  dAqk_ref[...] = d_Aqk
+  dAqk_ref[...] = masked(masks.same, d_Aqk)
 
 
 def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
@@ -165,12 +170,14 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg
                                              "pair_key_block", "pair_warps", "num_stages", "interpret"))
 def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
                     sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None,
-                    num_stages=None, interpret=False):
+                    num_stages=None, documents=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   G: `chunk_cumsum(g)`; A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the
   state entering and the gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from
-  `state_pass_bwd`.
+  `state_pass_bwd`; documents: None, or the [B, T] int32 the forward's `intra_chunk` read (packed sequences).
+  dg is the gradient with respect to the g the forward's cumsum G summed; at a document start that g has no
+  effect, and the op's masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
   key block of pair_key_block channels (pair_warps); num_stages: Triton pipelining stages of the first launch's
   channel-block loops. Settings left None: `backward_settings`.
@@ -187,19 +194,21 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
   pairs = jax.ShapeDtypeStruct((B, T, H, C), jnp.float32)
+  packed = documents is not None
+  extra = ((documents,), [document_spec(C)]) if packed else ((), [])
   dz, dg, parts, d_t, d_Aqk = pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, interpret=interpret),
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, packed=packed, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
                  jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32), pairs, pairs),
       grid=(B, H, T // C),
       in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C),
-                                         chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)],
+                                         chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)] + extra[1],
       out_specs=(chunk_spec(C, V), chunk_spec(C, K), pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0)),
                  chunk_spec(C, C), chunk_spec(C, C)),
       compiler_params=params(num_warps, num_stages),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
-  )(q, u, e, z, G, r, A, states, d_states, d_o, d_r)
+  )(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *extra[0])
   block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
   pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
   dq, du, de, dg = pl.pallas_call(

@@ -98,10 +98,53 @@ def norms(form, q_ref, k_ref, width):
   return (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
 
 
-def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, interpret):
+def document_spec(C):
+  """[B, T] int32 arrays (the chunk-local document counts of packed sequences), one chunk per program of a
+  (B, H, N) grid."""
+  return pl.BlockSpec((pl.squeezed, C), lambda b, h, n: (b, n))
+
+
+class DocumentMasks(NamedTuple):
+  """Packed documents in one chunk, from documents [C] (at each row, the document starts at or before it in the
+  chunk): every decay that spans a start is 0, so each factor of the chunked form is masked by what it spans.
+  same [C, C]: rows r, c in one document (the pairs of T and Aqk, exp(G_r - G_c)); sees_state [C, 1]: no start
+  up to row r (exp(G_r), the state entering the chunk); in_last [C, 1]: row r in the chunk's last document
+  (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)). Every mask
+  is 0/1 per row or pair, the same for all channels, so the grams are masked after their sum over channels and
+  no exponent changes."""
+  same: jax.Array
+  sees_state: jax.Array
+  in_last: jax.Array
+  carries: jax.Array
+
+
+def document_masks(documents_ref):
+  """The `DocumentMasks` of a chunk from its [C] documents ref; None for None (unpacked)."""
+  if documents_ref is None:
+    return None
+  d = documents_ref[...]
+  last = documents_ref[documents_ref.shape[0] - 1]
+  return DocumentMasks(same=d[:, None] == d[None, :], sees_state=(d == 0)[:, None], in_last=(d == last)[:, None],
+                       carries=last == 0)
+
+
+def masked(mask, x):
+  """x where mask, else 0; x unchanged when there is no mask (unpacked)."""
+  return x if mask is None else jnp.where(mask, x, 0.0)
+
+
+def split_documents(refs, packed):
+  """(documents ref or None, the other refs): a packed kernel's documents ref comes first of refs."""
+  return (refs[0], refs[1:]) if packed else (None, refs)
+
+
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, packed, interpret):
   """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: every channel
-  of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix."""
+  of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
+  with the chunk's documents, and pairs across documents are 0."""
+  documents_ref, refs = split_documents(refs, packed)
+  same = None if documents_ref is None else document_masks(documents_ref).same
   *arrays, A_ref, Aqk_ref = refs
   dots = cm.precisions(Aqk_ref.dtype, interpret)
   C, K = q_ref.shape
@@ -109,7 +152,7 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
   q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
   if scalar_decay:
-    _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots)
+    _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same)
     return
   sub = min(sub_block, C)
   eye = cm.iota((C, C), 0) == cm.iota((C, C), 1)
@@ -128,13 +171,14 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
 
   blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
   D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
-  A_ref[...] = cm.unit_lower_inverse(cm.place_blocks(D_T) + M_T, dots)
-  Aqk_ref[...] = (cm.place_blocks(D_qk) + M_qk).astype(Aqk_ref.dtype)
+  A_ref[...] = cm.unit_lower_inverse(masked(same, cm.place_blocks(D_T) + M_T), dots)
+  Aqk_ref[...] = masked(same, cm.place_blocks(D_qk) + M_qk).astype(Aqk_ref.dtype)
 
 
-def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots):
+def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same):
   """gram_solve for a decay shared by all channels: T = (e u^T) * D and Aqk = (q u^T) * D with
-  D[r, c] = exp(G_r - G_c), taken only on c <= r (masked before exp, so every exponent is <= 0)."""
+  D[r, c] = exp(G_r - G_c), taken only on c <= r (masked before exp, so every exponent is <= 0) and, packed
+  (same not None), only on pairs of one document."""
   C, K = q_ref.shape
 
   def gram_block(i, acc):
@@ -147,14 +191,19 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
   e_u, q_u = jax.lax.fori_loop(0, K // kb, gram_block, (square, square))
   G = G_ref[:, 0]
   r, c = cm.iota((C, C), 0), cm.iota((C, C), 1)
-  D = jnp.exp(jnp.where(c <= r, G[:, None] - G[None, :], 0.0))
-  A_ref[...] = cm.unit_lower_inverse(jnp.where(c < r, e_u * D, 0.0), dots)
-  Aqk_ref[...] = jnp.where(c <= r, q_u * D, 0.0).astype(Aqk_ref.dtype)
+  causal, strict = c <= r, c < r
+  if same is not None:
+    causal, strict = causal & same, strict & same
+  D = jnp.exp(jnp.where(causal, G[:, None] - G[None, :], 0.0))
+  A_ref[...] = cm.unit_lower_inverse(jnp.where(strict, e_u * D, 0.0), dots)
+  Aqk_ref[...] = jnp.where(causal, q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
-def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, interpret):
+def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, packed, interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
-  key_block / value_block channels at a time."""
+  key_block / value_block channels at a time; packed: refs start with the chunk's documents (`DocumentMasks`)."""
+  documents_ref, refs = split_documents(refs, packed)
+  masks = document_masks(documents_ref) or DocumentMasks(None, None, None, None)
   *arrays, Y_ref, U_ref, q_decayed_ref, u_decayed_ref, decay_last_ref = refs
   io = cm.precisions(U_ref.dtype, interpret).io
   C, K = q_ref.shape
@@ -167,13 +216,13 @@ def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_blo
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
     G = G_ref[:, keys]
-    exp_G = jnp.exp(G)
+    exp_G = masked(masks.sees_state, jnp.exp(G))
     u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
     Y_ref[:, keys] = cm.dot(A, e * exp_G, io).astype(Y_ref.dtype)
     G_C = G_ref[C - 1, keys]
     q_decayed_ref[:, keys] = (columns(q_ref, i, kb) * q_scale * exp_G).astype(q_decayed_ref.dtype)
-    u_decayed_ref[:, keys] = (u * jnp.exp(G_C[None, :] - G)).astype(u_decayed_ref.dtype)
-    decay_last_ref[keys] = jnp.exp(G_C)
+    u_decayed_ref[:, keys] = (u * masked(masks.in_last, jnp.exp(G_C[None, :] - G))).astype(u_decayed_ref.dtype)
+    decay_last_ref[keys] = masked(masks.carries, jnp.exp(G_C))
     return carry
 
   def u_block(j, carry):
@@ -245,10 +294,14 @@ def chunk_row_spec(K):
                                              "interpret"))
 def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, key_block=None,
                 sub_block=cm.SUB_BLOCK, num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK,
-                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, scalar_decay=False, interpret=False):
+                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, scalar_decay=False, documents=None,
+                interpret=False):
   """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
   value-side array), decay_last, and with save_inverse A (else A is None).
+  documents: None, or for packed sequences [B, T] int32, at each token the document starts at or before it in its
+  chunk (the state is reset before a start, so its g has no effect; the op passes 0): both launches read it and mask the decays that
+  span a start (`DocumentMasks`). Without it the kernels are the unpacked ones.
 
   Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
   Aqk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
@@ -264,16 +317,19 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
   specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
+  packed = documents is not None
+  if packed:
+    specs, arrays = [document_spec(C)] + specs, (documents, *arrays)
   A, Aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=key_block, sub_block=sub_block,
-                        scalar_decay=scalar_decay, interpret=interpret),
+                        scalar_decay=scalar_decay, packed=packed, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(num_warps, num_stages), interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
   Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
       functools.partial(_solved_kernel, form=form, scale=scale, key_block=solve_key_block,
-                        value_block=solve_value_block, interpret=interpret),
+                        value_block=solve_value_block, packed=packed, interpret=interpret),
       out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
       grid=grid,

@@ -10,6 +10,8 @@ path, and d/dg keeps its precision when the true gradient is as small as exp(-30
 import jax
 import jax.numpy as jnp
 
+from sdm_jax.ops.segments import chunk_documents
+
 HIGHEST = jax.lax.Precision.HIGHEST
 SUB_CHUNK = 16
 
@@ -78,14 +80,19 @@ def _decayed_grams(q, e, u, spans, sub):
   return off(eb) + place(diag_t), off(qb) + place(diag_qk)
 
 
-def chunk_intra(q, u, e, z, g, scale, chunk_size):
+def chunk_intra(q, u, e, z, g, scale, chunk_size, starts=None):
   """Everything of the chunked form that is parallel over chunks.
 
-  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]. Returns the per-chunk tensors the state pass consumes, by the
-  names of `pallas_kernels.delta_rule_fwd.ChunkTensors` but laid out [B, H, N, C, D] (N = ceil(T / C); padded
+  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; starts: None or [B, T] bool, where packed documents start (the
+  state is reset to 0 before them, so their g has no effect). Returns the per-chunk tensors the state pass consumes, by
+  the names of `pallas_kernels.delta_rule_fwd.ChunkTensors` but laid out [B, H, N, C, D] (N = ceil(T / C); padded
   tokens have g = 0 and write nothing):
     Y = A (e * exp(G)), U = A z, u_decayed = u * exp(G_C - G), q_decayed = scale * q * exp(G),
     Aqk [B, H, N, C, C], decay_last = exp(G_C) [B, H, N, K, 1].
+  With starts, every decay that spans a document start is 0: a pair (r, c) of T and Aqk unless both rows are in
+  one document, exp(G) on rows after a start in the chunk (they do not see the state entering it), exp(G_C - G)
+  on rows before the chunk's last start, exp(G_C) if the chunk has a start. The masks are 0/1 per row or pair,
+  so they multiply the grams after their sum over channels and every exponent stays as it is.
   """
   B, T, H, K = q.shape
   C = chunk_size
@@ -102,13 +109,23 @@ def chunk_intra(q, u, e, z, g, scale, chunk_size):
   by_row = lambda x: x.reshape(B, H, N, C, K)
   G = by_row(spans["before"][..., :, None, :] + spans["inclusive"])  # G_r, the cumsum to row r
   G_to_end = by_row(spans["suffix"] + spans["after"][..., :, None, :])  # G_C - G_r
+  decay_in, decay_out, decay_last = jnp.exp(G), jnp.exp(G_to_end), jnp.exp(spans["total"])[..., :, None]
+  if starts is not None:
+    documents = chunk_documents(jnp.pad(starts, ((0, 0), (0, N * C - T))), C).reshape(B, 1, N, C, 1)
+    last = documents[..., C - 1:, :]
+    zero = jnp.zeros((), q.dtype)
+    same = documents == jnp.swapaxes(documents, -1, -2)  # [B, 1, N, C, C]
+    T_mat, Aqk = jnp.where(same, T_mat, zero), jnp.where(same, Aqk, zero)
+    decay_in = jnp.where(documents == 0, decay_in, zero)
+    decay_out = jnp.where(documents == last, decay_out, zero)
+    decay_last = jnp.where(last[..., 0, :, None] == 0, decay_last, zero)
 
   # A = (I + T)^-1 applied by an exact unit-lower-triangular solve: Y = A (e * exp(G)), U = A z.
   eye = jnp.eye(C, dtype=q.dtype)
-  rhs = jnp.concatenate([e * jnp.exp(G), z], axis=-1)
+  rhs = jnp.concatenate([e * decay_in, z], axis=-1)
   sol = jax.lax.linalg.triangular_solve(eye + T_mat, rhs, left_side=True, lower=True, unit_diagonal=True)
-  return {"Y": sol[..., :K], "U": sol[..., K:], "u_decayed": u * jnp.exp(G_to_end), "q_decayed": q * jnp.exp(G),
-          "Aqk": Aqk, "decay_last": jnp.exp(spans["total"])[..., :, None]}
+  return {"Y": sol[..., :K], "U": sol[..., K:], "u_decayed": u * decay_out, "q_decayed": q * decay_in,
+          "Aqk": Aqk, "decay_last": decay_last}
 
 
 def chunk_step(state, chunk):
@@ -124,11 +141,11 @@ def from_chunks(o, T):
   return o.transpose(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
 
 
-def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size):
+def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size, starts=None):
   """Same contract as `delta_rule_scan`; the result does not depend on `chunk_size`.
 
-  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V].
+  q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V]; starts: None or [B, T] bool.
   """
-  chunks = chunk_intra(q, u, e, z, g, scale, chunk_size)
+  chunks = chunk_intra(q, u, e, z, g, scale, chunk_size, starts)
   final_state, o = jax.lax.scan(chunk_step, initial_state, jax.tree.map(lambda x: jnp.moveaxis(x, 2, 0), chunks))
   return from_chunks(jnp.moveaxis(o, 0, 2), q.shape[1]), final_state

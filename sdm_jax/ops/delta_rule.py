@@ -13,6 +13,7 @@ from pallas_kernels.mixer_inputs import FORMED, accumulation_dtype, form, l2norm
 from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
+from sdm_jax.ops.segments import check_segment_ids, mask_inputs
 from sdm_jax.ops.validation import check_options, check_shape
 
 KEY = ("B", "T", "H", "K")
@@ -34,13 +35,16 @@ def _rule_options(q, z, g, scale, initial_state, acc):
 
 
 def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="auto", chunk_size=64,
-                           io_dtype=None):
+                           io_dtype=None, segment_ids=None):
   """Runs the generalized rule on already-formed keys and values.
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
   initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
   impl: "auto" ("pallas" on a GPU, else "chunk"), "scan", "chunk" or "pallas".
   io_dtype: the dtype q, u, e, z are stored in for impl="pallas" (default: that of z).
+  segment_ids: None or int [B, T], documents packed into rows (SPEC.md section 9): each starts from the zero
+  state but the first of a row (initial_state), padding (id 0) is inert with output 0, the final state is the
+  last document's.
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
   impl = check_options(impl, chunk_size)
@@ -50,27 +54,33 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   check_shape("g", g, HEAD if g.ndim == 3 else KEY, dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
+  starts = None
+  if segment_ids is not None:
+    (q, u, e, z), g, starts = mask_inputs(check_segment_ids(segment_ids, dims), (q, u, e, z), g)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   io_dtype = z.dtype if io_dtype is None else io_dtype
   scalar_decay = g.ndim == 3
   g, scale, state = _rule_options(q, z, g, scale, initial_state, acc)
   if impl == "pallas":
-    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, scalar_decay)
+    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, scalar_decay,
+                                       starts)
     return o.astype(acc), final_state.astype(acc)
   q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   if impl == "scan":
-    return delta_rule_scan(q, u, e, z, g, scale, state)
-  return delta_rule_chunk(q, u, e, z, g, scale, state, chunk_size)
+    return delta_rule_scan(q, u, e, z, g, scale, state, starts)
+  return delta_rule_chunk(q, u, e, z, g, scale, state, chunk_size, starts)
 
 
 def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state, use_qk_l2norm, impl,
-              chunk_size):
+              chunk_size, segment_ids=None):
   """Checks a mixer's inputs, forms (u, e, z) = build(k, v, *gates other than g) and runs the rule.
 
   gates: ordered {name: (array, kind in GATE_KINDS)}, the log decay g first. impl="pallas" hands build to its
   kernels (`pallas.delta_rule_pallas`, io in v's dtype); the others form q, u, e, z by XLA in the accumulation
   dtype.
   impl "auto" is resolved here, once ("pallas" on a GPU, else "chunk").
+  segment_ids: None or int [B, T] (`generalized_delta_rule`); q, k, v, g and the gates are zeroed on padding
+  (and g at document starts) before anything reads them, so they get exactly zero gradient there.
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   impl = check_options(impl, chunk_size)
@@ -83,16 +93,21 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
   g, *arrays = [x for x, _ in gates.values()]
+  starts = None
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, dims)
+    (q, k, v, *arrays), g, starts = mask_inputs(segment_ids, (q, k, v, *arrays), g)
   if impl == "pallas":
     kinds = ("key", "value") + tuple(kind for _, kind in list(gates.values())[1:])
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
     scalar_decay = g.ndim == 3
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
     o, final_state = delta_rule_pallas(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
-                                       chunk_size, v.dtype, scalar_decay)
+                                       chunk_size, v.dtype, scalar_decay, starts)
     return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
   acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
   q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)
+  # The formed inputs are zero on padding already; generalized_delta_rule's masking of them again is a no-op.
   o, final_state = generalized_delta_rule(q, u, e, z, g, scale=scale, initial_state=initial_state, impl=impl,
-                                          chunk_size=chunk_size)
+                                          chunk_size=chunk_size, segment_ids=segment_ids)
   return o.astype(v.dtype), final_state if output_final_state else None

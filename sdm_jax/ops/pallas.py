@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
 from pallas_kernels.mixer_inputs import FORMED, mixer_inputs, reference_inputs
+from sdm_jax.ops.segments import chunk_documents
 from sdm_jax.ops.validation import on_gpu
 
 # Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
@@ -54,7 +55,8 @@ class Residuals(NamedTuple):
   """What the custom_vjp saves for `_bwd`. q, u, e [B, Tp, H, Kp], z [B, Tp, H, Vp] in the io dtype and G
   [B, Tp, H, Kp] fp32, padded to whole chunks and kernel widths; chunks: `intra_chunk`'s `ChunkTensors` with A;
   initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes; op_inputs: the op's (q, k, v, gates),
-  which the backward differentiates the forming of q, u, e, z at (set by `_fwd`)."""
+  which the backward differentiates the forming of q, u, e, z at (set by `_fwd`); documents: None, or for packed
+  documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask their decays with."""
   q: jax.Array
   u: jax.Array
   e: jax.Array
@@ -66,11 +68,12 @@ class Residuals(NamedTuple):
   K: int
   V: int
   op_inputs: Optional[tuple] = None
+  documents: Optional[jax.Array] = None
 
 
-def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_size, save):
+def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, scale, chunk_size, save):
   """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
-  op_inputs (then the arrays must be the formed (u, z, e))."""
+  op_inputs (then the arrays must be the formed (u, z, e)). documents: None or [B, Tp] int32."""
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -80,20 +83,22 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, scale, chunk_siz
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, **kw)
   chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scalar_decay=scalar_decay,
-                       scale=scale, **kw)
+                       scale=scale, documents=documents, **kw)
   state = _pad_state(state, Kp, Vp)
   o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
   if not save:
     return out, None
   u, z, e = arrays
-  return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V)
+  return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V,
+                        documents=documents)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state):
+def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come.
-  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, scale, chunk_size, save=False)[0]
+  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, scale, chunk_size,
+                  save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -104,9 +109,10 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state):
+def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents):
   q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
-  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, scale, chunk_size, save=True)
+  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, scale, chunk_size,
+                            save=True)
   return out, residuals._replace(op_inputs=(q, k, v, gates))
 
 
@@ -127,25 +133,32 @@ def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents)
   d_o = _pad(d_o.astype(res.z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(res.chunks, d_o, _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
   dq, du, de, dz, dg = intra_chunk_bwd(res.q, res.u, res.e, res.z, res.G, R, res.chunks.A, states, d_states, d_o,
-                                       d_r, scale=scale, **kw)
+                                       d_r, scale=scale, documents=res.documents, **kw)
   key = lambda x: x[:, :T, :, :K]
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
   _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
-  return (*d_inputs, key(dg), d_state[:, :, :K, :V])
+  return (*d_inputs, key(dg), d_state[:, :, :K, :V], None)
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
-def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False):
+def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False,
+                      starts=None):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
   g [B, T, H, K] and the state travel in fp32; scalar_decay: g is one decay per head broadcast over K (GDN), which
-  the forward's grams use. Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
+  the forward's grams use. starts: None or [B, T] bool, where packed documents start: then the per-chunk kernels
+  read `segments.chunk_documents` and mask every decay that spans a start (without it they are the unpacked
+  kernels, unchanged). Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
                      f"shared memory than a GPU program has; impl='chunk' takes any power of two), got {chunk_size}")
+  documents = None
+  if starts is not None:
+    Tp = -(-q.shape[1] // chunk_size) * chunk_size
+    documents = chunk_documents(jnp.pad(starts, ((0, 0), (0, Tp - starts.shape[1]))), chunk_size)
   return _delta_rule_pallas(form, jnp.dtype(io_dtype), bool(scalar_decay), scale, chunk_size, q, k, v, tuple(gates),
-                            g.astype(jnp.float32), initial_state.astype(jnp.float32))
+                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents)

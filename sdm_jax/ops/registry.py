@@ -15,7 +15,7 @@ from sdm_jax.ops.delta_rule import GATE_KINDS, run_mixer
 
 # The keyword options of every op, with their defaults (SPEC.md section 5).
 OPTIONS = {"scale": None, "initial_state": None, "output_final_state": False, "use_qk_l2norm": False,
-           "impl": "auto", "chunk_size": 64}
+           "impl": "auto", "chunk_size": 64, "segment_ids": None}
 
 
 @dataclasses.dataclass(frozen=True)

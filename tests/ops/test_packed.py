@@ -1,0 +1,141 @@
+"""Packed sequences (SPEC.md section 9): a row of documents given segment_ids equals every document run alone by
+the float64 scan -- outputs, final states and every gradient -- for every mixer and impl (pallas in interpret
+mode); padding is inert with output 0 and exactly zero gradient; the initial state goes to each row's first
+document.
+
+The documents alone run as one batch of rows, each document from the start of its row and followed by zero
+tokens (q, k, v, g and the gates 0). Those are exactly inert in the scan -- u = e = z = 0 and g = 0 leave the
+state bit for bit, q = 0 reads 0 -- so each row is its document alone, and one compilation serves them all.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import FP32_TOL, MIXERS, arg_names, assert_close, call, cast, cotangents, loss, make_inputs, results
+from helpers import seed_of, value_dim
+from sdm_jax import ops
+from sdm_jax.ops.segments import cu_seqlens_to_segment_ids, document_index, document_positions
+
+B, T, H, K, V, C = 2, 48, 1, 16, 32, 16
+# (start, end, id) per document. Row 0: documents of 1 and 20 tokens (across the chunk boundary at 16), 1, 10, and
+# 13 starting exactly at the boundary 32, then 3 tokens of padding. Row 1: 15, then 32 from chunk position 15
+# across two boundaries, then 1 (the row's last token); its ids repeat, apart, as two documents.
+LAYOUT = (((0, 1, 1), (1, 21, 2), (21, 22, 3), (22, 32, 4), (32, 45, 5)),
+          ((0, 15, 7), (15, 47, 3), (47, 48, 7)))
+DOCUMENTS = [(row, start, end) for row, docs in enumerate(LAYOUT) for start, end, _ in docs]
+L = max(end - start for _, start, end in DOCUMENTS)
+
+
+def segment_ids():
+  ids = np.zeros((B, T), np.int32)
+  for row, docs in enumerate(LAYOUT):
+    for start, end, i in docs:
+      ids[row, start:end] = i
+  return jnp.asarray(ids)
+
+
+def _inputs(mixer):
+  seed = seed_of("packed", mixer)
+  inputs = make_inputs(mixer, B, T, H, K, value_dim(mixer, K, V), "mixed", "random", seed, jnp.float32)
+  r_o, r_s = cotangents((B, T, H, value_dim(mixer, K, V)), (B, H, K, value_dim(mixer, K, V)), seed + 1)
+  return inputs, r_o, r_s
+
+
+def _alone(x, row, start, end):
+  """x[row, start:end] as one row of L tokens, zeros after."""
+  return jnp.pad(x[row:row + 1, start:end], [(0, 0), (0, L - (end - start))] + [(0, 0)] * (x.ndim - 2))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(mixer):
+  """The documents alone (float64 scan), put back in the packed layout: outputs, each row's last final state and
+  every gradient, 0 on padding; d initial_state from each row's first document."""
+  inputs, r_o, r_s = (jax.tree.map(lambda x: x.astype(jnp.float64), a) for a in _inputs(mixer))
+  names = arg_names(mixer)
+  last = {row: max(i for i, d in enumerate(DOCUMENTS) if d[0] == row) for row in range(B)}
+  first = {row: min(i for i, d in enumerate(DOCUMENTS) if d[0] == row) for row in range(B)}
+  alone = {name: jnp.concatenate([_alone(inputs[name], *d) for d in DOCUMENTS]) for name in names}
+  zero_state = jnp.zeros_like(inputs["initial_state"][:1])
+  alone["initial_state"] = jnp.concatenate([inputs["initial_state"][row:row + 1] if i == first[row] else zero_state
+                                            for i, (row, _, _) in enumerate(DOCUMENTS)])
+  r_o_alone = jnp.concatenate([_alone(r_o, *d) for d in DOCUMENTS])
+  r_s_alone = jnp.concatenate([r_s[row:row + 1] if i == last[row] else jnp.zeros_like(r_s[:1])
+                               for i, (row, _, _) in enumerate(DOCUMENTS)])
+
+  def objective(arrays):
+    o, final_state = call(mixer, arrays, output_final_state=True, impl="scan", use_qk_l2norm=True)
+    return loss(o, final_state, r_o_alone, r_s_alone), (o, final_state)
+
+  grads, (o, final_state) = jax.jit(jax.grad(objective, has_aux=True))(alone)
+  packed = lambda x: _packed(x, inputs["q"].shape[:2])
+  expected = {"o": packed(o), "final_state": final_state[jnp.array([last[row] for row in range(B)])]}
+  expected.update({f"d_{name}": packed(grads[name]) for name in names})
+  expected["d_initial_state"] = grads["initial_state"][jnp.array([first[row] for row in range(B)])]
+  return {name: np.asarray(x) for name, x in expected.items()}
+
+
+def _packed(x, shape):
+  """Rows of documents alone [len(DOCUMENTS), L, ...] back in the packed layout [B, T, ...], 0 on padding."""
+  out = jnp.zeros(shape + x.shape[2:], x.dtype)
+  for i, (row, start, end) in enumerate(DOCUMENTS):
+    out = out.at[row, start:end].set(x[i, :end - start])
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_grad(mixer, impl):
+  def objective(arrays, ids, r_o, r_s):
+    o, final_state = call(mixer, arrays, output_final_state=True, impl=impl, chunk_size=C, use_qk_l2norm=True,
+                          segment_ids=ids)
+    return loss(o, final_state, r_o, r_s), (o, final_state)
+
+  return jax.jit(jax.grad(objective, has_aux=True))
+
+
+@pytest.mark.parametrize("impl", ["scan", "chunk", "pallas"])
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_packed_row_equals_documents_alone(x64, mixer, impl):
+  inputs, r_o, r_s = _inputs(mixer)
+  ids = segment_ids()
+  grads, (o, final_state) = _packed_grad(mixer, impl)(inputs, ids, r_o, r_s)
+  actual = results(o, final_state, grads)
+  tol_out, tol_grad = FP32_TOL.get(impl, FP32_TOL["chunk"])
+  if impl == "pallas":  # without gradients the kernels form u, e, z themselves: a path of its own
+    o_nograd, state_nograd = jax.jit(lambda a, s: call(mixer, a, output_final_state=True, impl=impl, chunk_size=C,
+                                                        use_qk_l2norm=True, segment_ids=s))(inputs, ids)
+    assert_close({"o": o_nograd, "final_state": state_nograd}, {n: _reference(mixer)[n] for n in ("o", "final_state")},
+                 tol_out, f"{impl} packed forward without gradients, {mixer}")
+  expected = _reference(mixer)
+  outputs = ("o", "final_state")
+  assert_close({n: actual[n] for n in outputs}, {n: expected[n] for n in outputs}, tol_out, f"{impl} packed, {mixer}")
+  assert_close({n: actual[n] for n in expected if n not in outputs}, {n: expected[n] for n in expected if n not in outputs},
+               tol_grad, f"{impl} packed gradients, {mixer}")
+  padding = np.asarray(ids) == 0
+  for name in ("o",) + tuple(f"d_{n}" for n in arg_names(mixer)):
+    assert not np.any(np.asarray(actual[name])[padding]), f"{name} is not exactly 0 on padding"
+
+
+def test_cu_seqlens_to_segment_ids():
+  np.testing.assert_array_equal(cu_seqlens_to_segment_ids(np.array([0, 1, 4, 6]), 6), [[1, 2, 2, 2, 3, 3]])
+  np.testing.assert_array_equal(cu_seqlens_to_segment_ids(np.array([0, 5])), [[1] * 5])
+  for bad in ([0, 3, 3, 6], [0, 4, 2, 6], [1, 3, 6], [0, 3, 5]):
+    with pytest.raises(ValueError, match="cu_seqlens"):
+      cu_seqlens_to_segment_ids(np.array(bad), 6)
+
+
+def test_document_index_and_positions():
+  ids = jnp.array([[4, 4, 2, 4, 4, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(document_index(ids), [[0, 0, 1, 2, 2, -1, -1], [0] * 7])
+  np.testing.assert_array_equal(document_positions(ids), [[0, 1, 0, 0, 1, 0, 0], list(range(7))])
+
+
+def test_bad_segment_ids_raise():
+  inputs, _, _ = _inputs("kda")
+  with pytest.raises(ValueError, match="segment_ids.*integer"):
+    call("kda", inputs, segment_ids=jnp.ones((B, T), jnp.float32), impl="chunk")
+  with pytest.raises(ValueError, match=r"segment_ids.*\[B, T\]"):
+    call("kda", inputs, segment_ids=jnp.ones((B, T + 1), jnp.int32), impl="chunk")
