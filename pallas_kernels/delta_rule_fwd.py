@@ -191,12 +191,10 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
   e_u, q_u = jax.lax.fori_loop(0, K // kb, gram_block, (square, square))
   G = G_ref[:, 0]
   r, c = cm.iota((C, C), 0), cm.iota((C, C), 1)
-  causal, strict = c <= r, c < r
-  if same is not None:
-    causal, strict = causal & same, strict & same
-  D = jnp.exp(jnp.where(causal, G[:, None] - G[None, :], 0.0))
-  A_ref[...] = cm.unit_lower_inverse(jnp.where(strict, e_u * D, 0.0), dots)
-  Aqk_ref[...] = jnp.where(causal, q_u * D, 0.0).astype(Aqk_ref.dtype)
+  pairs = lambda mask: mask if same is None else mask & same
+  D = jnp.exp(jnp.where(pairs(c <= r), G[:, None] - G[None, :], 0.0))
+  A_ref[...] = cm.unit_lower_inverse(jnp.where(pairs(c < r), e_u * D, 0.0), dots)
+  Aqk_ref[...] = jnp.where(pairs(c <= r), q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
 def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, packed, interpret):

@@ -1,5 +1,6 @@
 """The Pallas backward kernels and the forward's saving variants: a 'cuda' lowering check for an
-abstract NVIDIA H200 (interpret-mode numerics of the backward are in tests/ops, through impl="pallas")."""
+abstract NVIDIA H200, also with packed documents (interpret-mode numerics of the backward are in tests/ops, through
+impl="pallas", packed ones in tests/ops/test_packed.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,23 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
   ]
   for fn, args, launches in kernels:
     assert lower_for_h200(fn, *args).count(TRITON_CALL) == launches
+
+
+@pytest.mark.parametrize("dtype,scalar_decay", [(jnp.float32, False), (jnp.bfloat16, False), (jnp.bfloat16, True)])
+def test_packed_kernels_lower_for_cuda(dtype, scalar_decay):
+  """The per-chunk kernels with the documents of packed sequences (their optional [B, T] int32 input)."""
+  B, T, H, K, V, C = 1, 64, 2, 128, 64, 32
+  N = T // C
+  spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
+  f32 = jnp.float32
+  key, value, documents = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, d=jnp.int32)
+  forward = lambda q, u, e, z, G, d: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, chunk_size=C,
+                                                 scalar_decay=scalar_decay, documents=d)
+  assert lower_for_h200(forward, key, key, key, value, spec(B, T, H, K, d=f32), documents).count(TRITON_CALL) == 2
+  backward = lambda *a: intra_chunk_bwd(*a[:-1], scale=0.1, chunk_size=C, documents=a[-1])
+  args = (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, C, d=f32),
+          spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32), documents)
+  assert lower_for_h200(backward, *args).count(TRITON_CALL) == 2
 
 
 H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)
