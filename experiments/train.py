@@ -1,26 +1,44 @@
 r"""Trains a language model from a config file.
 
-  python -m experiments.train --config=experiments/configs/mqar.py:gdn2 --workdir=runs/mqar_gdn2
+  .venv/bin/python -m experiments.train --config=experiments/configs/mqar.py:gdn2 --workdir=runs/mqar_gdn2
 
-Resumes from the newest readable checkpoint in --workdir unless --noresume. On several hosts pass
+Resumes from the newest good checkpoint in --workdir. A workdir remembers its config: a resume with a config that
+differs beyond sdm_jax.training.config.RESUMABLE_FIELDS is refused, and so is --noresume over checkpoints;
+--overwrite deletes the run in --workdir and starts afresh. Nothing is written before the config checks pass.
+Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary and saves a checkpoint there; run the same command again
+to resume. Exit codes: 0 done (or --stop_after reached), 1 diverged (non-finite loss, gradient norm or state),
+2 a bad flag, config or workdir, 130 / 143 stopped by SIGINT / SIGTERM. On several hosts pass
 --coordinator_address, --num_processes and --process_id (jax.distributed.initialize).
 """
 
+import shlex
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
 
 config_flags.DEFINE_config_file("config", None, "Config file, path.py:variant.", lock_config=False)
+flags.mark_flag_as_required("config")
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics.jsonl and plots go.", required=True)
-flags.DEFINE_boolean("resume", True, "Continue from the newest checkpoint in --workdir.")
-flags.DEFINE_integer("stop_after", None, "Stop after this many steps of this call (the run can be resumed).")
+flags.DEFINE_boolean("resume", True, "Continue from the newest checkpoint in --workdir; --noresume refuses a "
+                     "workdir with checkpoints unless --overwrite.")
+flags.DEFINE_boolean("overwrite", False, "Delete the run in --workdir (checkpoints, metrics, config) and start "
+                     "afresh.")
+flags.DEFINE_integer("stop_after", None, "Stop after this many steps of this call (the run can be resumed).",
+                     lower_bound=1)
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-host runs.")
 flags.DEFINE_integer("num_processes", None, "Number of processes, for multi-host runs.")
 flags.DEFINE_integer("process_id", None, "This process's index, for multi-host runs.")
 FLAGS = flags.FLAGS
+
+
+def resume_command():
+  """This call's command line without the flags that would start afresh."""
+  starting = {"--overwrite", "-overwrite", "--noresume", "-noresume"}
+  args = [arg for arg in sys.argv[1:] if arg not in starting]
+  return shlex.join([sys.executable, "-m", "experiments.train", *args])
 
 
 def main(argv):
@@ -29,15 +47,19 @@ def main(argv):
   import jax
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  from sdm_jax.training.loop import TrainingDiverged, train
+  from sdm_jax.training.loop import TrainingDiverged, TrainingInterrupted, train
   try:
-    step = train(FLAGS.config, FLAGS.workdir, resume=FLAGS.resume, stop_after=FLAGS.stop_after,
-                 log=lambda line: print(line, flush=True))
+    step = train(FLAGS.config, FLAGS.workdir, resume=FLAGS.resume, overwrite=FLAGS.overwrite,
+                 stop_after=FLAGS.stop_after, log=lambda line: print(line, flush=True))
   except TrainingDiverged as error:
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {error}; metrics.png is in {FLAGS.workdir}", file=sys.stderr, flush=True)
     sys.exit(1)
+  except TrainingInterrupted as error:
+    print(f"{error}; metrics.png is in {FLAGS.workdir}. Resume with:\n  {resume_command()}", file=sys.stderr,
+          flush=True)
+    sys.exit(128 + error.signum)
   print(f"stopped at step {step}; checkpoints, metrics.jsonl and metrics.png are in {FLAGS.workdir}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

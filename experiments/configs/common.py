@@ -1,10 +1,8 @@
 """Pieces every experiment config shares: the model of a variant and the training defaults."""
 
-import ml_collections
-
 from sdm_jax import ops
 from sdm_jax.models.config import default_config as default_model_config
-from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
+from sdm_jax.training.config import close_names, default_config as default_train_config
 
 MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
 # (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN
@@ -29,24 +27,17 @@ def model_config(variant, vocab_size, *, num_layers=2, width=128, num_heads=2, h
   elif variant in HYBRIDS:
     model.mixer, model.pattern, model.num_layers = HYBRIDS[variant]
   else:
-    raise ValueError(f"config variant: expected one of {VARIANTS}, got {variant!r}")
+    check_variant(variant, VARIANTS)
   return model
 
 
 def train_config(steps, learning_rate, *, warmup_steps=100, log_every=20, eval_every=200, checkpoint_every=200):
-  train = ml_collections.ConfigDict()
-  train.steps = steps
-  train.learning_rate = learning_rate
-  train.warmup_steps = warmup_steps
-  train.final_lr_fraction = 0.1
-  train.b1, train.b2 = 0.9, 0.95
-  train.weight_decay = 0.1
-  train.grad_clip = 1.0
-  train.log_every = log_every
-  train.eval_every = eval_every
-  train.eval_batches = 4
-  train.checkpoint_every = checkpoint_every
-  train.keep_checkpoints = 3
-  train.fsdp = False
-  train.loss_chunk_tokens = LOSS_CHUNK_TOKENS
-  return train
+  return default_train_config(steps, learning_rate, warmup_steps=warmup_steps, log_every=log_every,
+                              eval_every=eval_every, checkpoint_every=checkpoint_every)
+
+
+def check_variant(variant, choices):
+  """ValueError naming the config variant unless it is one of `choices`, with the close ones suggested."""
+  if variant not in choices:
+    raise ValueError(f"config variant: expected one of {tuple(choices)}, got {variant!r}"
+                     f"{close_names(variant, choices)}")

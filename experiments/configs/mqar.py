@@ -9,11 +9,12 @@ command line, e.g. --config.train.steps=500.
 
 import ml_collections
 
-from experiments.configs.common import model_config, train_config
+from experiments.configs.common import VARIANTS, check_variant, model_config, train_config
 from sdm_jax.data import default_data_config
 
 
 def get_config(variant="gdn2"):
+  check_variant(variant, (*VARIANTS, "demo"))
   config = ml_collections.ConfigDict()
   config.seed = 0
   data = default_data_config("mqar")

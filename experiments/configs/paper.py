@@ -43,6 +43,7 @@ losses, are the paper's until a tokenized corpus arrives.
 import ml_collections
 
 from experiments.configs.common import VARIANTS, model_config, train_config
+from sdm_jax.training.config import close_names
 from sdm_jax.data import default_data_config
 
 VOCAB_SIZE = 32000
@@ -62,7 +63,7 @@ def get_config(variant="kda_340m"):
   name, _, size = variant.rpartition("_")
   if name not in VARIANTS or size not in SIZES:
     raise ValueError(f"config variant: expected <mixer or hybrid>_<size> with a mixer or hybrid in {VARIANTS} "
-                     f"and a size in {tuple(SIZES)}, got {variant!r}")
+                     f"and a size in {tuple(SIZES)}, got {variant!r}{close_names(variant, NAMES)}")
   num_layers, width, num_heads, mlp_hidden, batch_size, steps = SIZES[size]
   config = ml_collections.ConfigDict()
   config.seed = 0

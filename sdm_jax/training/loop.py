@@ -1,27 +1,72 @@
 """The training program, top to bottom: model, optimizer, mesh, data, resume, steps, eval, checkpoints."""
 
 import collections
-import json
 import pathlib
+import signal
+import threading
 import time
 
 import jax
 import numpy as np
 from flax import nnx
 
-from sdm_jax.data import make_iterator
+from sdm_jax.data import make_dataset, make_iterator
 from sdm_jax.evaluation.lm_eval import evaluate
 from sdm_jax.models import LanguageModel, count_params
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 from sdm_jax.models.sharding import global_batch, make_mesh, place_state
-from sdm_jax.training.checkpoint import Checkpointer
+from sdm_jax.training import workdir as run_dir
+from sdm_jax.training.checkpoint import Checkpointer, NonFiniteState
+from sdm_jax.training.config import check_config
 from sdm_jax.training.metrics import MetricsLog, Progress, plot_metrics
 from sdm_jax.training.optimizer import make_optimizer
 from sdm_jax.training.steps import TrainStep
+from sdm_jax.training.workdir import load_config  # noqa: F401 (the run's config, for eval and generate)
 
 
 class TrainingDiverged(RuntimeError):
-  """The loss became non-finite; the last good checkpoint is left as it was."""
+  """A loss, gradient norm or parameter became non-finite; nothing was saved from that state, the last good
+  checkpoint is left as it was."""
+
+
+class TrainingInterrupted(Exception):
+  """SIGINT or SIGTERM stopped the run at a step boundary; `step` is where it stopped, `checkpoint` the newest
+  checkpoint (saved at `step` when its metrics were finite)."""
+
+  def __init__(self, signum, step, checkpoint, directory):
+    self.signum, self.step, self.checkpoint = signum, step, checkpoint
+    super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; the newest checkpoint is step "
+                     f"{checkpoint} in {directory}")
+
+
+class StopSignals:
+  """Within the context, the first SIGINT or SIGTERM sets `signum` instead of interrupting, and the loop stops at
+  the next step boundary; the handlers before it come back then, so a second signal acts at once. A handler does
+  nothing else: printing from one can re-enter a stream the main thread is writing. Off the main thread (where
+  Python delivers no signals) it installs nothing."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.signum, self.previous = None, {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signum = signum
+    self._restore()
+
+  def _restore(self):
+    for signum, handler in self.previous.items():
+      signal.signal(signum, handler)
+    self.previous = {}
+
+  def __exit__(self, *exc):
+    self._restore()
 
 
 def build(config, mesh):
@@ -45,94 +90,121 @@ def prefetch_to_device(iterator, mesh, count, ahead=2):
     yield queue.popleft()
 
 
+def _last_good(checkpoints):
+  latest = checkpoints.latest_step()
+  if latest is None:
+    return "There is no checkpoint to resume from (none was saved yet)"
+  return f"The last good checkpoint is step {latest} in {checkpoints.directory}"
+
+
 def _check_finite(fetched, checkpoints):
-  """Raises TrainingDiverged at the first (step, metrics) pair whose loss is non-finite."""
+  """Raises TrainingDiverged at the first (step, metrics) pair whose loss or gradient norm is non-finite."""
   for step, metrics in fetched:
-    loss = float(metrics["loss"])
-    if not np.isfinite(loss):
-      raise TrainingDiverged(
-          f"non-finite loss ({loss}) at step {step}; stopped without saving. The last good checkpoint is step "
-          f"{checkpoints.latest_step()} in {checkpoints.directory}")
+    bad = [f"{key} ({float(metrics[key])})" for key in ("loss", "grad_norm") if not np.isfinite(float(metrics[key]))]
+    if bad:
+      raise TrainingDiverged(f"non-finite {' and '.join(bad)} at step {step}; stopped without saving. "
+                             f"{_last_good(checkpoints)}")
 
 
-def train(config, workdir, *, resume=True, stop_after=None, log=print):
+def _plot(metrics_log, path, log):
+  try:
+    plot_metrics(metrics_log.read(), path)
+  except Exception as error:  # a plot is not worth hiding why the run stopped
+    log(f"warning: could not plot {path} ({type(error).__name__}: {error})")
+
+
+def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log=print):
   """Trains to config.train.steps (or `stop_after` more steps of this call); returns the final step.
 
-  Steps are dispatched without waiting for them: their metrics stay on the device until a log, eval or checkpoint
-  step, where they come back together and every loss since the last such step is checked, so that nothing is
-  evaluated or saved from a state that followed a non-finite loss.
+  Before anything is written to workdir the config is checked (`config.check_config`: ConfigError), the workdir
+  may be used as asked (`workdir.check_start`: WorkdirError; overwrite starts afresh), and the model, optimizer
+  and data are built. Steps are dispatched without waiting for them: their metrics stay on the device until a
+  log, eval or checkpoint step, where they come back together and every loss and gradient norm since the last
+  such step is checked, and a checkpoint is saved only from a state whose arrays are all finite; otherwise
+  TrainingDiverged. SIGINT / SIGTERM stop the run at the next step boundary, save a checkpoint there (its metrics
+  finite) and raise TrainingInterrupted. The plot is written however the run ends.
   """
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  check_config(config, device_count=jax.device_count())
+  run_dir.check_start(workdir, config, resume=resume, overwrite=overwrite)
   train_cfg = config.train
   mesh = make_mesh()
   model = build(config, mesh)
   optimizer = make_optimizer(model, train_cfg)
   place_state(optimizer, mesh, train_cfg.fsdp)
+  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  iterator = make_iterator(config, "train", **shard)
+  make_dataset(config, "validation", **shard)  # its errors too come before anything is written
+  run_dir.start(workdir, config, overwrite=overwrite)
   log(f"model: {count_params(model):,} parameters; pattern {config.model.pattern!r}, mixer {config.model.mixer}, "
       f"impl {config.model.impl}; {len(jax.devices())} device(s)")
 
-  iterator = make_iterator(config, "train", shard_index=jax.process_index(), shard_count=jax.process_count())
   checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
-  step = (checkpoints.restore(model, optimizer, iterator) if resume else None) or 0
-  if step:
-    log(f"resumed from step {step} ({checkpoints.directory})")
   metrics_log = MetricsLog(workdir)
-  progress = Progress(step, train_cfg.steps)
-  last = train_cfg.steps if stop_after is None else min(train_cfg.steps, step + stop_after)
-  tokens_per_step = config.data.batch_size * config.data.seq_len
-  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
-  pending = []  # (step, metrics of device scalars) not yet fetched
-
-  try:
-    for batch, data_state in prefetch_to_device(iterator, mesh, last - step):
-      metrics = step_fn(batch)
-      step += 1
-      pending.append((step, metrics))
-      log_now = step % train_cfg.log_every == 0 or step == last
-      eval_now = step % train_cfg.eval_every == 0 or step == train_cfg.steps
-      save_now = step % train_cfg.checkpoint_every == 0 or step == last
-      if not (log_now or eval_now or save_now):
-        continue
-      fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
-      pending.clear()
-      _check_finite(fetched, checkpoints)
-      if log_now:
-        record = {"split": "train", "step": step, **{k: float(v) for k, v in fetched[-1][1].items()}}
-        log(progress.line(step, record, tokens_per_step * train_cfg.log_every))
-        if progress.tokens_per_s is not None:
-          record["tokens_per_s"] = progress.tokens_per_s
-        metrics_log.write(record)
-      if eval_now or save_now:
-        step_fn.sync()  # the model and optimizer hold donated arrays until now
-      pause = time.perf_counter()
-      if eval_now:
-        result = evaluate(model, config, mesh)
-        metrics_log.write({"split": "eval", "step": step, **result})
-        log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
-      if save_now:
-        checkpoints.save(step, model, optimizer, data_state, config)
-      progress.exclude(time.perf_counter() - pause)
-  finally:
-    checkpoints.close()
-
-  plot_metrics(metrics_log.read(), workdir / "metrics.png")
+  with StopSignals() as stop:
+    try:
+      step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
+      metrics_log.truncate(step)  # the records of steps past the checkpoint belong to a run that was lost
+      if step:
+        log(f"resumed from step {step} ({checkpoints.directory})")
+      progress = Progress(step, train_cfg.steps)
+      last = train_cfg.steps if stop_after is None else min(train_cfg.steps, step + stop_after)
+      tokens_per_step = config.data.batch_size * config.data.seq_len
+      step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
+      pending = []  # (step, metrics of device scalars) not yet fetched
+      logged = step
+      for batch, data_state in prefetch_to_device(iterator, mesh, last - step):
+        metrics = step_fn(batch)
+        step += 1
+        pending.append((step, metrics))
+        stopping = stop.signum is not None
+        log_now = step % train_cfg.log_every == 0 or step == last or stopping
+        eval_now = step % train_cfg.eval_every == 0 or step == train_cfg.steps
+        save_now = step % train_cfg.checkpoint_every == 0 or step == last or stopping
+        if not (log_now or eval_now or save_now):
+          continue
+        fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
+        pending.clear()
+        _check_finite(fetched, checkpoints)
+        if log_now:
+          record = {"split": "train", "step": step, **{k: float(v) for k, v in fetched[-1][1].items()}}
+          log(progress.line(step, record, tokens_per_step * (step - logged)))
+          logged = step
+          if progress.tokens_per_s is not None:
+            record["tokens_per_s"] = progress.tokens_per_s
+          metrics_log.write(record)
+        if eval_now or save_now:
+          step_fn.sync()  # the model and optimizer hold donated arrays until now
+        pause = time.perf_counter()
+        if eval_now:
+          result = evaluate(model, config, mesh)
+          metrics_log.write({"split": "eval", "step": step, **result})
+          log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
+        if save_now:
+          try:
+            checkpoints.save(step, model, optimizer, data_state, config)
+          except NonFiniteState as error:
+            raise TrainingDiverged(f"non-finite state after step {step} ({error}); stopped without saving. "
+                                   f"{_last_good(checkpoints)}") from None
+        progress.exclude(time.perf_counter() - pause)
+        if stopping and step < last:
+          raise TrainingInterrupted(stop.signum, step, checkpoints.latest_step(), checkpoints.directory)
+    finally:
+      checkpoints.close()
+      _plot(metrics_log, workdir / "metrics.png", log)
   return step
 
 
 def restore_for_eval(workdir, config):
-  """Builds the model of a run and restores its newest readable checkpoint; returns (model, step, mesh)."""
+  """Builds the model of a run and restores its newest checkpoint that passes the checks (a failing one is skipped
+  and left where it is); returns (model, step, mesh)."""
   mesh = make_mesh()
   model = build(config, mesh)
   checkpoints = Checkpointer(workdir)
-  step = checkpoints.restore(model)
-  checkpoints.close()
+  try:
+    step = checkpoints.restore(model, config=config, move_damaged=False)
+  finally:
+    checkpoints.close()
   if step is None:
-    raise FileNotFoundError(f"no readable checkpoint under {checkpoints.directory}")
+    raise FileNotFoundError(f"no checkpoint under {checkpoints.directory} reads and passes the checks")
   return model, step, mesh
-
-
-def load_config(workdir):
-  import ml_collections
-  return ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))

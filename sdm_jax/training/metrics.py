@@ -4,6 +4,8 @@ import json
 import pathlib
 import time
 
+from sdm_jax import jsonio
+
 
 class MetricsLog:
   """Appends one JSON object per record to <workdir>/metrics.jsonl (kept across resumes)."""
@@ -14,7 +16,19 @@ class MetricsLog:
 
   def write(self, record):
     with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(jsonio.dumps(record) + "\n")
+
+  def truncate(self, step):
+    """Drops the records after `step` (those of a run's steps past the checkpoint it resumes from), so that a resumed
+    run logs each step once."""
+    if not self.path.exists():
+      return
+    lines = self.path.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+      partial = self.path.with_suffix(".jsonl.tmp")
+      partial.write_text("".join(line + "\n" for line in kept))
+      partial.replace(self.path)
 
   def read(self):
     if not self.path.exists():
@@ -63,7 +77,8 @@ def plot_metrics(records, path):
       continue
     steps = [r["step"] for r in rows]
     for ax, key in zip(axes, ("loss", "accuracy")):
-      ax.plot(steps, [r[key] for r in rows], marker="o" if split == "eval" else None, label=split)
+      values = [float("nan") if r.get(key) is None else r[key] for r in rows]  # null: a non-finite value
+      ax.plot(steps, values, marker="o" if split == "eval" else None, label=split)
   for ax, key in zip(axes, ("loss", "accuracy")):
     ax.set_xlabel("step")
     ax.set_ylabel(key)

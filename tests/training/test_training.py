@@ -72,7 +72,7 @@ def test_damaged_latest_checkpoint_falls_back(tmp_path, capsys):
       f.write_bytes(b"garbage")
   model, step, _ = loop.restore_for_eval(tmp_path, config)
   assert step == 2
-  assert "unreadable" in capsys.readouterr().out
+  assert "unreadable" in capsys.readouterr().err
 
 
 def nan_mask_in_batch(k):
