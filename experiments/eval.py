@@ -2,8 +2,8 @@ r"""Evaluates the newest checkpoint of a run on its validation split.
 
   python -m experiments.eval --workdir=runs/mqar_gdn2
 
-Prints loss, accuracy (for MQAR: recall accuracy on the queried values), perplexity and sequence
-exact match (every scored token right, RULER's scoring), and writes
+Prints loss, accuracy (for MQAR: recall accuracy on the queried values), perplexity, bits per byte (the corpus
+task) and sequence exact match (every scored token right, RULER's scoring), and writes
 them to <workdir>/eval.json.
 """
 
@@ -31,8 +31,9 @@ def main(argv):
   result = {"step": step, **evaluate(model, config, mesh)}
   path = pathlib.Path(FLAGS.workdir) / "eval.json"
   path.write_text(json.dumps(result, indent=2))
+  bits_per_byte = f" bits per byte {result['bits_per_byte']:.4f}" if "bits_per_byte" in result else ""
   print(f"step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f} "
-        f"perplexity {result['perplexity']:.3f} exact match {result['exact_match']:.4f} -> {path}")
+        f"perplexity {result['perplexity']:.3f}{bits_per_byte} exact match {result['exact_match']:.4f} -> {path}")
 
 
 if __name__ == "__main__":

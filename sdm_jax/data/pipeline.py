@@ -8,17 +8,21 @@ micro-batches k, k + shard_count, k + 2 * shard_count, ... Batch n of shard k is
 [n * batch_size + k * b, n * batch_size + (k + 1) * b) of the unsharded stream: concatenating the shards' n-th batches
 in shard order gives exactly the n-th batch of shard_count=1, which is the process order in which
 jax.make_array_from_process_local_data assembles a global batch (shard_index = jax.process_index()).
+
+A task that packs documents into rows (corpus) batches and shards its own stream (task.py: `batches`); its
+iterator's state is what grain's packing iterators keep, still JSON.
 """
 
 import grain
 import ml_collections
 
-from sdm_jax.data import mqar, niah, text
+from sdm_jax.data import corpus, mqar, niah, text
 from sdm_jax.data.seeding import check_split
 
-# The data tasks by name: each provides default_config() and examples(data, split), as sdm_jax/data/task.py describes.
+# The data tasks by name: each provides default_config() and examples(data, split) or batches(...), as
+# sdm_jax/data/task.py describes.
 # A new task is a new module and one entry here.
-TASKS = {"mqar": mqar, "niah": niah, "text": text}
+TASKS = {"corpus": corpus, "mqar": mqar, "niah": niah, "text": text}
 
 
 def _task(name):
@@ -49,7 +53,10 @@ def default_data_config(name):
 def make_examples(data, split):
   """The unbatched examples of `split` as a grain.MapDataset; train sets are infinite (len sys.maxsize)."""
   check_split(split)
-  return _task(data.name).examples(data, split)
+  source = _task(data.name)
+  if not hasattr(source, "examples"):
+    raise ValueError(f"data.name: {data.name} makes whole batches (it packs documents), not single examples")
+  return source.examples(data, split)
 
 
 def make_dataset(config, split, *, shard_index=0, shard_count=1):
@@ -57,7 +64,8 @@ def make_dataset(config, split, *, shard_index=0, shard_count=1):
 
   Each batch is {"inputs": [B, T] int32, "targets": [B, T] int32, "mask": [B, T] float32} with
   B = config.data.batch_size // shard_count and T = config.data.seq_len. Train is infinite; validation is finite,
-  the same number of batches on every shard, with the last partial global batch dropped.
+  the same number of batches on every shard, with the last partial global batch dropped. A packing task's batches
+  also carry "segment_ids" and "positions": [B, T] int32 (sdm_jax.data.corpus).
   """
   data = config.data
   if not 0 <= shard_index < shard_count:
@@ -65,16 +73,25 @@ def make_dataset(config, split, *, shard_index=0, shard_count=1):
   if data.batch_size < shard_count or data.batch_size % shard_count:
     raise ValueError(f"data.batch_size: the global batch {data.batch_size} does not split evenly across "
                      f"{shard_count} shards")
+  read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=data.prefetch_buffer_size)
+  check_split(split)
+  if hasattr(source := _task(data.name), "batches"):
+    return source.batches(data, split, shard_index=shard_index, shard_count=shard_count, read_options=read_options)
   batches = make_examples(data, split).batch(data.batch_size // shard_count, drop_remainder=True)
   # Cut the finite stream to whole global batches so that no shard gets one batch more than another.
   batches = batches[:len(batches) // shard_count * shard_count]
   if not len(batches):
     raise ValueError(f"{data.name} {split}: fewer examples than one global batch of {data.batch_size}")
   batches = batches[shard_index::shard_count]
-  read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=data.prefetch_buffer_size)
   return batches.to_iter_dataset(read_options)
 
 
 def make_iterator(config, split, *, shard_index=0, shard_count=1):
   """A grain.DatasetIterator over make_dataset's batches; get_state() is a JSON-serializable dict."""
   return iter(make_dataset(config, split, shard_index=shard_index, shard_count=shard_count))
+
+
+def eval_metrics(data, split, loss):
+  """The task's own metrics of a mean evaluation loss on `split` (the corpus task's bits per byte), else {}."""
+  source = _task(data.name)
+  return source.eval_metrics(data, split, loss) if hasattr(source, "eval_metrics") else {}

@@ -6,7 +6,13 @@ A task is a module (or any object) registered by name in pipeline.TASKS that pro
         (name, seed, batch_size, num_threads, prefetch_buffer_size) that pipeline.default_data_config sets;
     examples(data, split) -> grain.MapDataset of unbatched examples
         {"inputs": [T] int32, "targets": [T] int32, "mask": [T] float32} with T = data.seq_len; the train split is
-        infinite (len sys.maxsize), the validation split finite.
+        infinite (len sys.maxsize), the validation split finite;
+
+or, instead of examples, for a task whose rows are not single examples (documents packed into rows),
+    batches(data, split, *, shard_index, shard_count, read_options) -> grain.IterDataset of shard shard_index's
+        batches of data.batch_size // shard_count rows, with at least the keys above ([B, T]);
+and optionally
+    eval_metrics(data, split, loss) -> dict of metrics derived from a mean evaluation loss (bits per byte).
 
 A task's defaults live once, in its config dataclass; default_config() reads them with `defaults` and examples()
 reads the config back from `data` with `from_data`.

@@ -1,4 +1,5 @@
-"""The language model on a split: token loss, accuracy, perplexity and sequence exact match, averaged over batches."""
+"""The language model on a split: token loss, accuracy, perplexity and sequence exact match, averaged over batches,
+and the task's own metrics (the corpus task's bits per byte)."""
 
 import functools
 
@@ -7,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from sdm_jax.data import make_iterator
+from sdm_jax.data.pipeline import eval_metrics
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS, loss_fn
 from sdm_jax.models.sharding import global_batch
 
@@ -17,7 +19,8 @@ def eval_step(model, batch, chunk_tokens=LOSS_CHUNK_TOKENS):
 
 
 def evaluate(model, config, mesh, split="validation"):
-  """Token loss, accuracy, perplexity and sequence exact match over config.train.eval_batches batches."""
+  """Token loss, accuracy, perplexity and sequence exact match over config.train.eval_batches batches, and what
+  the task derives from the loss (pipeline.eval_metrics)."""
   iterator = make_iterator(config, split, shard_index=jax.process_index(), shard_count=jax.process_count())
   totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0, "exact_match": 0.0, "sequences": 0.0}
   for _, batch in zip(range(config.train.eval_batches), iterator):  # validation is finite
@@ -30,4 +33,5 @@ def evaluate(model, config, mesh, split="validation"):
   count = max(totals["tokens"], 1.0)
   loss = totals["loss"] / count
   return {"loss": loss, "accuracy": totals["accuracy"] / count, "perplexity": float(np.exp(min(loss, 50.0))),
-          "exact_match": totals["exact_match"] / max(totals["sequences"], 1.0)}
+          "exact_match": totals["exact_match"] / max(totals["sequences"], 1.0),
+          **eval_metrics(config.data, split, loss)}

@@ -2,6 +2,8 @@
 [B, T, vocab] logits never exist at once, and the metrics of a batch (loss, accuracy, sequence exact match).
 Training differentiates it (sdm_jax.training.steps); evaluation averages its metrics (sdm_jax.evaluation)."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 
@@ -84,8 +86,16 @@ def masked_cross_entropy(logits, targets, mask):
   return masked_metrics(nll, jnp.argmax(logits, -1) == targets, mask)
 
 
+def packing_arguments(features, batch):
+  """The packed batch's "segment_ids" and "positions" (SPEC.md section 9) that the callable `features` takes, as
+  keyword arguments: a model that does not take them yet trains on the tokens alone."""
+  accepted = inspect.signature(features).parameters
+  return {key: batch[key] for key in ("segment_ids", "positions") if key in batch and key in accepted}
+
+
 def loss_fn(model, batch, chunk_tokens=LOSS_CHUNK_TOKENS):
-  """The model's masked next-token loss on batch {"inputs", "targets", "mask"}; returns (loss, metrics)."""
-  nll, correct = token_scores(model.features(batch["inputs"]), model.head.kernel[...], batch["targets"],
-                              chunk_tokens)
+  """The model's masked next-token loss on batch {"inputs", "targets", "mask"} (and "segment_ids", "positions" of
+  packed documents, see packing_arguments); returns (loss, metrics)."""
+  features = model.features(batch["inputs"], **packing_arguments(model.features, batch))
+  nll, correct = token_scores(features, model.head.kernel[...], batch["targets"], chunk_tokens)
   return masked_metrics(nll, correct, batch["mask"])

@@ -11,7 +11,7 @@ import pytest
 from absl import flags
 from array_record.python import array_record_module
 
-from corpus_helpers import SHARD_BYTES, VALIDATION_FRACTION, write_inputs
+from corpus_helpers import SHARD_BYTES, VALIDATION_FRACTION, VOCAB, write_inputs
 from sdm_jax.data import documents, prepare, shards, tokenizer
 from sdm_jax.data.seeding import split_by_hash
 
@@ -28,7 +28,7 @@ def test_records_decode_to_their_documents_and_the_manifest_counts_them(tiny_cor
   manifest = shards.load_manifest(directory)
   bpe = tokenizer.load_tokenizer(directory / "tokenizer.json")
   eos = manifest["tokenizer"]["eos_id"]
-  assert manifest["tokenizer"]["vocab_size"] == 300 and bpe.id_to_token(eos) == tokenizer.TRAINED_EOS
+  assert manifest["tokenizer"]["vocab_size"] == VOCAB and bpe.id_to_token(eos) == tokenizer.TRAINED_EOS
   assert manifest["token_dtype"] == "uint16" and manifest["num_groups"] == 3
   found = collections.Counter()
   for split in ("train", "validation"):
@@ -62,14 +62,14 @@ def test_a_stopped_run_resumes_to_the_same_corpus(tiny_corpus, tmp_path):
   directory, inputs, _ = tiny_corpus
   out = tmp_path / "out"
   with pytest.raises(KeyboardInterrupt):
-    prepare.prepare(inputs, "train:300", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
+    prepare.prepare(inputs, f"train:{VOCAB}", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
                     log=_interrupt_after(2))
   with pytest.raises(ValueError, match="incomplete .2 of 3 shard groups"):
     shards.load_manifest(out)
   # Group 1 was recorded as finished, but its shard is gone: it is written again, group 0 is not.
   (out / shards.shard_name("train", 1)).unlink()
   lines = []
-  manifest = prepare.prepare(inputs, "train:300", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
+  manifest = prepare.prepare(inputs, f"train:{VOCAB}", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
                              log=lines.append)
   assert [line for line in lines if "skipped" in line] == ["[1/3] shard group 0: written by an earlier run, skipped"]
   assert "trained by the run being resumed" in lines[1]
@@ -78,16 +78,16 @@ def test_a_stopped_run_resumes_to_the_same_corpus(tiny_corpus, tmp_path):
   for shard in expected["splits"]["train"]["shards"]:
     assert (out / shard["path"]).read_bytes() == (directory / shard["path"]).read_bytes()
   with pytest.raises(FileExistsError, match="already holds a complete corpus"):
-    prepare.prepare(inputs, "train:300", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES)
+    prepare.prepare(inputs, f"train:{VOCAB}", out, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES)
 
 
 def test_a_resumed_run_must_keep_its_settings(tiny_corpus, tmp_path):
   _, inputs, _ = tiny_corpus
   with pytest.raises(KeyboardInterrupt):
-    prepare.prepare(inputs, "train:300", tmp_path, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
+    prepare.prepare(inputs, f"train:{VOCAB}", tmp_path, validation_fraction=VALIDATION_FRACTION, shard_bytes=SHARD_BYTES,
                     log=_interrupt_after(1))
   with pytest.raises(ValueError, match="other inputs, tokenizer or settings"):
-    prepare.prepare(inputs, "train:300", tmp_path, validation_fraction=0.5, shard_bytes=SHARD_BYTES, log=lambda _: None)
+    prepare.prepare(inputs, f"train:{VOCAB}", tmp_path, validation_fraction=0.5, shard_bytes=SHARD_BYTES, log=lambda _: None)
 
 
 def test_a_tokenizer_from_a_path_gives_the_same_ids(tiny_corpus, tmp_path):

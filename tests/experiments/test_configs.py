@@ -11,7 +11,7 @@ from sdm_jax.data import make_iterator
 from sdm_jax.models import LanguageModel
 
 
-@pytest.mark.parametrize("task", ["mqar", "niah", "text"])
+@pytest.mark.parametrize("task", ["corpus", "mqar", "niah", "text"])
 def test_every_variant_builds(task):
   module = importlib.import_module(f"experiments.configs.{task}")
   for variant in VARIANTS:

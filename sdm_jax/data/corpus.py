@@ -1,0 +1,97 @@
+"""Language modelling on a pre-tokenized corpus (experiments/prepare_data.py writes one; sdm_jax.data.shards describes
+it): documents packed into rows with segment ids and positions (sdm_jax.data.packing).
+
+Train: every document of the split, shuffled globally from the seed and again each epoch, repeated without end;
+shard k of n packs documents k, k + n, k + 2n, ... of that order into its own rows (hosts read disjoint documents,
+so a host's batch is not a slice of one global packing). Validation: the documents in order, packed into global
+batches of data.batch_size rows on every host, shard k taking rows [k * b, (k + 1) * b): every host yields the same
+number of batches, and the shards' batches concatenate to the unsharded one; the last partial batch is dropped.
+
+A batch is {"inputs", "targets", "segment_ids", "positions": [B, T] int32, "mask": [B, T] float32}
+(packing.language_model_batch). Evaluation adds bits per byte: the mean loss in bits times the split's targets per
+UTF-8 byte of text. A document of n tokens and its end-of-document token gives n targets (its first token is never
+one), so that ratio is (tokens - documents) / bytes from the manifest: exact over the whole split, an estimate over
+a few batches (and concat_then_split loses one target where it cuts a document).
+"""
+
+import dataclasses
+import functools
+import math
+
+import grain
+import numpy as np
+
+from sdm_jax.data import packing, shards, task
+
+DEFAULT_DATA_DIR = "data/stdlib"
+DEFAULT_VOCAB_SIZE = 4096  # experiments.prepare_data's default tokenizer, train:4096
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCorpusConfig:
+  """data_dir: a prepared corpus directory; vocab_size: the model's vocabulary, at least the tokenizer's;
+  packing: one of packing.PACKINGS; packing_bins: first-fit's rows packed at once (0: the rows of one batch of a
+  shard; more rows leave less padding)."""
+  data_dir: str = DEFAULT_DATA_DIR
+  vocab_size: int = DEFAULT_VOCAB_SIZE
+  seq_len: int = 1024
+  packing: str = "first_fit"
+  packing_bins: int = 0
+  seed: int = 0
+
+
+def default_config():
+  return task.defaults(TokenCorpusConfig)
+
+
+def _manifest(config):
+  manifest = shards.load_manifest(config.data_dir)
+  needed = manifest["tokenizer"]["vocab_size"]
+  if config.vocab_size < needed:
+    raise ValueError(f"data.vocab_size: the corpus in {config.data_dir!r} has ids up to {needed - 1} "
+                     f"({manifest['tokenizer']['source']}), so it needs at least {needed}, got {config.vocab_size}; "
+                     f"set data.vocab_size and model.vocab_size")
+  return manifest
+
+
+def _document(dtype, record):
+  return {packing.FEATURE: shards.decode_document(record, dtype)}
+
+
+def _rows_of_shard(start, stop, rows):
+  return {key: value[start:stop] for key, value in rows.items()}
+
+
+def batches(data, split, *, shard_index, shard_count, read_options):
+  """The batches of shard `shard_index` of `shard_count` as a grain.IterDataset (see the module docstring)."""
+  config = task.from_data(TokenCorpusConfig, data)
+  manifest = _manifest(config)
+  documents = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(
+      shards.split_paths(config.data_dir, split, manifest)))
+  documents = documents.map(functools.partial(_document, manifest["token_dtype"]))
+  rows_per_shard = data.batch_size // shard_count
+  pack = functools.partial(packing.pack, seq_len=config.seq_len, packing=config.packing)
+  if split == "train":
+    # As in the text task: shuffle folds the epoch into its seed, so the seed is mixed first.
+    seed = int(np.random.SeedSequence(config.seed).generate_state(1)[0])
+    documents = documents.shuffle(seed=seed).repeat()[shard_index::shard_count]
+    rows = pack(documents.to_iter_dataset(read_options), num_bins=config.packing_bins or rows_per_shard,
+                seed=seed, shuffle_bins=True)
+    result = rows.batch(rows_per_shard, drop_remainder=True)
+  else:
+    tokens = manifest["splits"][split]["tokens"]
+    if tokens < data.batch_size * (config.seq_len + 1):
+      raise ValueError(f"corpus {split}: {tokens} tokens, fewer than one global batch of {data.batch_size} rows of "
+                       f"{config.seq_len + 1}; lower data.batch_size or data.seq_len")
+    rows = pack(documents.to_iter_dataset(read_options), num_bins=config.packing_bins or data.batch_size, seed=0,
+                shuffle_bins=False)
+    start = shard_index * rows_per_shard
+    result = rows.batch(data.batch_size, drop_remainder=True).map(
+        functools.partial(_rows_of_shard, start, start + rows_per_shard))
+  return packing.JsonStateIterDataset(result.map(packing.language_model_batch))
+
+
+def eval_metrics(data, split, loss):
+  """{"bits_per_byte"} of a mean loss per target token (nats) on `split`."""
+  totals = _manifest(task.from_data(TokenCorpusConfig, data))["splits"][split]
+  return {"bits_per_byte": loss / math.log(2) * (totals["tokens"] - totals["documents"]) / totals["bytes"]}
