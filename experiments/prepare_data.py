@@ -11,9 +11,7 @@ train documents and saved in --out. A stopped run resumes when started again wit
 is never overwritten.
 """
 
-import sys
-
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 
@@ -33,10 +31,9 @@ def main(argv):
   try:
     prepare(FLAGS.inputs, FLAGS.tokenizer, FLAGS.out, validation_fraction=FLAGS.validation_fraction,
             shard_bytes=FLAGS.shard_mb << 20, eos_token=FLAGS.eos_token, log=lambda line: print(line, flush=True))
-  except (FileExistsError, ValueError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  except (FileExistsError, ValueError) as error:  # a complete --out, a bad input, tokenizer or setting
+    cli.fail(error)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -11,8 +11,9 @@ The manifest: {"format", "complete", "tokenizer": {"path", "sha256", "source", "
 "eos_token"}, "token_dtype", "sources", "validation_fraction", "shard_bytes", "fingerprint", "num_groups",
 "finished_groups", "splits": {split: {"shards": [{"path", "group", "documents", "tokens", "bytes",
 "file_bytes"}], "documents", "tokens", "bytes", "tokens_per_byte"}}}. "tokens" counts ids with the
-end-of-document ones, "bytes" the UTF-8 bytes of the documents' text, so tokens_per_byte converts a loss per token
-to one per byte. Paths are relative to the directory.
+end-of-document ones, "bytes" the UTF-8 bytes of the documents' text (tokens_per_byte is their ratio, a measure of
+the tokenizer; bits per byte divides by the targets, tokens - documents, see sdm_jax.data.corpus). Paths are
+relative to the directory.
 """
 
 import json

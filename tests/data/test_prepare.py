@@ -150,7 +150,7 @@ def test_inputs_are_checked_by_name(tmp_path):
 
 
 def test_the_command_line_prepares_and_refuses_to_overwrite(tiny_corpus, tmp_path, capsys):
-  from experiments import prepare_data
+  from experiments import cli, prepare_data
   directory, _, texts = tiny_corpus
   inputs = write_inputs(tmp_path / "inputs", texts[:12])
   argv = ["prepare_data", f"--inputs={','.join(inputs)}", f"--tokenizer={directory / 'tokenizer.json'}",
@@ -161,7 +161,7 @@ def test_the_command_line_prepares_and_refuses_to_overwrite(tiny_corpus, tmp_pat
     assert "done:" in capsys.readouterr().out
     assert shards.load_manifest(tmp_path / "out")["splits"]["train"]["documents"] + shards.load_manifest(
         tmp_path / "out")["splits"]["validation"]["documents"] == 12
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=str(cli.USAGE_EXIT)):
       prepare_data.main([])
     assert "already holds a complete corpus" in capsys.readouterr().err
   finally:
