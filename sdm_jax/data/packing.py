@@ -71,7 +71,7 @@ def _tuple_slices(state):
   # become in JSON (orbax's JsonSave, grain's CheckpointHandler) would restore a different stream (grain 0.2.18).
   if isinstance(state, dict):
     return {key: ({name: tuple(value) for name, value in inner.items()} if key == "remainder_slices"
-                  else _tuple_slices(inner)) for key, inner in ((key, state[key]) for key in state)}
+                  else _tuple_slices(inner)) for key, inner in state.items()}
   return state
 
 
