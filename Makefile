@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test clean
+.PHONY: demo test clean venv
 
 $(VENV)/.installed: pyproject.toml
 	@set -e; \
@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
+
+venv: $(VENV)/.installed
 
 DEMO := runs/demo
 DEMO_CONFIG := experiments/configs/mqar.py:demo

@@ -34,7 +34,8 @@ flags.DEFINE_integer("head_dim", 64, "Key and value dimension per head.")
 flags.DEFINE_integer("vocab_size", 256, "Vocabulary size.")
 flags.DEFINE_list("overrides", [], "field=value pairs set on every model config, e.g. window=2048,dtype=bfloat16.")
 flags.DEFINE_integer("seed", 0, "Seed of the random parameters.")
-flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON, markdown and PNG go.")
+flags.DEFINE_string("out_dir", "runs/bench", "Where the JSON, markdown and PNG go (untracked: copy a report that "
+                    "matters into benchmarks/ with its record).")
 flags.DEFINE_string("tag", "decode", "File name tag: <out_dir>/<date>_<tag>.*")
 FLAGS = flags.FLAGS
 
@@ -104,4 +105,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -3,7 +3,7 @@ r"""Times the mixer ops (forward, forward+backward) over shapes, against flash-l
   python -m experiments.bench_ops --mixers=kda,gdn2 --impls=chunk --tag=chunk_h200
   python -m experiments.bench_ops --merge=a.json,b.json --tag=kda   # one report (table, plot) from several runs
 
-Writes benchmarks/<date>_<tag>.{json,md,png} and prints the short table last. On a CPU backend
+Writes <out_dir>/<date>_<tag>.{json,md,png} (default runs/bench/) and prints the short table last. On a CPU backend
 the default shapes shrink to 1x256 with --heads=2 --head_dim=32 unless given explicitly.
 """
 
@@ -15,6 +15,7 @@ from experiments import cli
 from sdm_jax.benchmarking.op_bench import format_table, merge_reports, parse_shapes, run_sweep, write_report
 from sdm_jax.benchmarking.timing import run_metadata
 from sdm_jax.ops import MIXERS
+from sdm_jax.training.config import close_names
 
 flags.DEFINE_list("mixers", ["kda", "gdn2"], f"Mixers to time, from {sorted(MIXERS)}.")
 flags.DEFINE_list("impls", ["chunk"], "Impls to time (scan, chunk, pallas).")
@@ -27,7 +28,8 @@ flags.DEFINE_integer("chunk_size", 64, "Chunk size of the chunked impls.")
 flags.DEFINE_integer("reps", 20, "Warm runs per timing (median).")
 flags.DEFINE_integer("seed", 0, "Seed of the first of the 3 input sets.")
 flags.DEFINE_boolean("peer", True, "Also time fla's Triton chunk_kda / chunk_gdn2 where importable.")
-flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON, markdown and PNG go.")
+flags.DEFINE_string("out_dir", "runs/bench", "Where the JSON, markdown and PNG go (untracked: copy a report that "
+                    "matters into benchmarks/ with its record).")
 flags.DEFINE_string("tag", "ops", "File name tag: <out_dir>/<date>_<tag>.*")
 flags.DEFINE_list("merge", [], "Instead of timing: the JSON reports of earlier runs, written as one report.")
 FLAGS = flags.FLAGS
@@ -49,7 +51,8 @@ def main(argv):
   cli.setup(CPU_DEFAULTS)
   unknown = sorted(set(FLAGS.mixers) - set(MIXERS))
   if unknown:
-    raise app.UsageError(f"--mixers: unknown {unknown}, expected some of {sorted(MIXERS)}")
+    raise app.UsageError(f"--mixers: unknown {unknown}, expected some of {sorted(MIXERS)}"
+                         f"{close_names(unknown[0], MIXERS)}")
   config = {name: FLAGS[name].value for name in ("mixers", "impls", "shapes", "heads", "head_dim", "value_dim",
                                                   "dtype", "chunk_size", "reps", "seed", "peer")}
   meta = run_metadata()
@@ -66,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -29,7 +29,8 @@ flags.DEFINE_list("impls", ["chunk", "pallas"], "Impls of the SDM op and of the 
 flags.DEFINE_list("sdm_chunk_sizes", ["16"], "Chunk sizes of the SDM chunk impl, each timed (pallas has none).")
 flags.DEFINE_integer("gdn_chunk_size", 32, "Chunk size of the dense GDN op (32, as the gdn2 and kda benches run their pallas op).")
 flags.DEFINE_integer("reps", 10, "Warm runs per timing (median).")
-flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON and markdown go.")
+flags.DEFINE_string("out_dir", "runs/bench", "Where the JSON and markdown go (untracked: copy a report that "
+                    "matters into benchmarks/ with its record).")
 flags.DEFINE_string("tag", "sdm", "File name tag.")
 FLAGS = flags.FLAGS
 
@@ -82,4 +83,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -3,11 +3,12 @@ r"""Times whole-model training steps of our language model and, in the same devi
   python -m experiments.bench_train --configs=experiments/configs/paper.py:kda_ref --remat=none,dots,block \
     --peers=kda,attention --tag=h200_train_kda
 
-One process per entry (each peak memory is its own); writes benchmarks/<date>_<tag>.{json,md,png} after
+One process per entry (each peak memory is its own); writes <out_dir>/<date>_<tag>.{json,md,png} (default
+runs/bench/) after
 every entry and prints a line per entry. Ratios are against --baseline (default: the first peer).
 """
 
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 
@@ -22,7 +23,8 @@ flags.DEFINE_integer("warmup", 2, "Steps after the first (compiling) one before 
 flags.DEFINE_integer("log_every", 10, "How often the training loop fetches metrics, as in train.log_every.")
 flags.DEFINE_integer("timeout", 600, "Seconds each entry's process may take.")
 flags.DEFINE_string("baseline", None, "Entry the ratios are taken against (default: 'fla <first peer>').")
-flags.DEFINE_string("out_dir", "benchmarks", "Where the JSON, markdown and PNG go.")
+flags.DEFINE_string("out_dir", "runs/bench", "Where the JSON, markdown and PNG go (untracked: copy a report that "
+                    "matters into benchmarks/ with its record).")
 flags.DEFINE_string("tag", "train", "File name tag: <out_dir>/<date>_<tag>.*")
 FLAGS = flags.FLAGS
 
@@ -41,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

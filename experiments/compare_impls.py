@@ -6,13 +6,13 @@ r"""Compares the impls of one mixer: o, final state and every gradient, plus com
 The first impl is the reference. Exits non-zero when any compared quantity is non-finite.
 """
 
-import json
 import sys
 
-from absl import app, flags
+from absl import flags
 import jax
 
 from experiments import cli
+from sdm_jax import jsonio
 from sdm_jax.benchmarking.op_compare import compare_impls, format_report
 from sdm_jax.benchmarking.timing import run_metadata
 from sdm_jax.ops import MIXERS
@@ -49,7 +49,7 @@ def main(argv):
   print(format_report(report))
   if FLAGS.out_json:
     with open(FLAGS.out_json, "w") as f:
-      json.dump({**run_metadata(), **report}, f, indent=2)
+      f.write(jsonio.dumps({**run_metadata(), **report}, indent=2))
     print(f"\nwrote {FLAGS.out_json}")
   if not report["all_finite"]:
     bad = [f"{pair}: {row['quantity']}" for pair, rows in report["comparisons"].items()
@@ -58,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -1,27 +1,29 @@
 r"""Evaluates the newest checkpoint of a run on its validation split.
 
-  python -m experiments.eval --workdir=runs/mqar_gdn2
+  .venv/bin/python -m experiments.eval --workdir=runs/mqar_gdn2
 
 Prints loss, accuracy (for MQAR: recall accuracy on the queried values), perplexity, bits per byte (the corpus
 task) and sequence exact match (every scored token right, RULER's scoring), and writes
-them to <workdir>/eval.json.
+them to <workdir>/eval.json (a non-finite value as null). A checkpoint that fails restore's checks is skipped
+with a warning (and left where it is), and the one before it evaluated.
 """
 
-import json
 import pathlib
 
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 
 flags.DEFINE_string("workdir", None, "A run directory written by experiments.train.", required=True)
-flags.DEFINE_integer("eval_batches", None, "Batches to evaluate (default: the run's config).")
+flags.DEFINE_integer("eval_batches", None, "Batches to evaluate (default: the run's config).",
+                     lower_bound=1)
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   del argv
   cli.setup()
+  from sdm_jax import jsonio
   from sdm_jax.evaluation.lm_eval import evaluate
   from sdm_jax.training.loop import load_config, restore_for_eval
   config = load_config(FLAGS.workdir)
@@ -30,11 +32,11 @@ def main(argv):
   model, step, mesh = restore_for_eval(FLAGS.workdir, config)
   result = {"step": step, **evaluate(model, config, mesh)}
   path = pathlib.Path(FLAGS.workdir) / "eval.json"
-  path.write_text(json.dumps(result, indent=2))
+  path.write_text(jsonio.dumps(result, indent=2))
   bits_per_byte = f" bits per byte {result['bits_per_byte']:.4f}" if "bits_per_byte" in result else ""
   print(f"step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f} "
         f"perplexity {result['perplexity']:.3f}{bits_per_byte} exact match {result['exact_match']:.4f} -> {path}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -5,8 +5,9 @@ r"""Compiled memory of Sparse Delta Memory's forward+backward, chunked op vs aut
 Compiles only (XLA's memory analysis); nothing runs, so it works on a CPU for GPU-sized shapes.
 """
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from sdm_jax.benchmarking.sdm_memory import compiled_memory
 
 flags.DEFINE_integer("batch", 1, "B.")
@@ -32,4 +33,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -11,6 +11,7 @@ import pathlib
 
 from absl import app, flags
 
+from experiments import cli
 from sdm_jax.training.metrics import summarize_run
 
 flags.DEFINE_list("workdirs", None, "Run directories written by experiments.train (required).")
@@ -60,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -44,6 +44,8 @@ import sys
 import time
 import traceback
 
+from sdm_jax import jsonio  # plain Python: this process still imports no jax
+
 MODELS = {
     "kda": ("KDAConfig", "KDAForCausalLM"),
     "gdn": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
@@ -85,7 +87,7 @@ def _write(path, result):
   os.makedirs(directory, exist_ok=True)
   partial = path + ".partial"
   with open(partial, "w") as f:
-    json.dump(result, f, indent=2, default=str)
+    f.write(jsonio.dumps(result, indent=2, default=str))
   os.replace(partial, path)
 
 

@@ -9,6 +9,8 @@ import time
 
 import jax
 
+from sdm_jax import jsonio
+
 
 def compile_timed(fn, *args):
   """Lowers and compiles jax.jit(fn) for `args`; returns (compiled, seconds)."""
@@ -121,7 +123,7 @@ def write_tables(records, meta, out_dir, tag, title, notes, table):
   base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
   paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
   with open(paths["json"], "w") as f:
-    json.dump({**meta, "results": records}, f, indent=2)
+    f.write(jsonio.dumps({**meta, "results": records}, indent=2))
   header = [f"# {title}: {tag}", ""]
   header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "timer", "command") if key in meta]
   header += [f"- config: `{json.dumps(meta['config'])}`"] + list(notes) + [""]

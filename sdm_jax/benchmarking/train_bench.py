@@ -3,7 +3,7 @@ utilisation (SPEC.md section 7), one model config per process so that each peak 
 
 `measure(spec)` runs in the process it is called in; `run(specs, ...)` starts one process per spec (ours
 through this module's __main__, fla's through `peer_train`), collects their JSON lines and writes the report
-(`benchmarks/<date>_<tag>.{json,md,png}`) after every entry, so a run cut short keeps what it measured.
+(`<out_dir>/<date>_<tag>.{json,md,png}`) after every entry, so a run cut short keeps what it measured.
 """
 
 import json

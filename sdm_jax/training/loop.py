@@ -206,5 +206,5 @@ def restore_for_eval(workdir, config):
   finally:
     checkpoints.close()
   if step is None:
-    raise FileNotFoundError(f"no checkpoint under {checkpoints.directory} reads and passes the checks")
+    raise run_dir.WorkdirError(f"workdir: no checkpoint under {checkpoints.directory} reads and passes the checks")
   return model, step, mesh
