@@ -4,17 +4,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sdm_jax.ops.segments import document_index, document_positions
+
 
 def rotary(x, base=10000.0, positions=None):
   """Rotates channel pairs (i, i + D/2) of x: [B, T, H, D] by angle p * base^(-2i/D) (RoPE, rotate-half form).
 
-  positions: [T], the sequence index p of each token (default 0 .. T - 1).
+  positions: [T] or [B, T], the sequence index p of each token (default 0 .. T - 1).
   """
   T, D = x.shape[1], x.shape[-1]
   positions = jnp.arange(T) if positions is None else positions
   inv_freq = base ** (-jnp.arange(0, D // 2, dtype=jnp.float32) * 2 / D)
-  angle = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
-  cos, sin = jnp.cos(angle)[:, None], jnp.sin(angle)[:, None]
+  angle = positions.astype(jnp.float32)[..., None] * inv_freq  # [(B,) T, D/2]
+  cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -42,6 +44,9 @@ class Attention(nnx.Module):
 
   x: [B, T, width] -> [B, T, width], through jax.nn.dot_product_attention (cuDNN's flash attention where
   flash_implementation picks it, never a [T, T] score matrix there). Scores and softmax in fp32.
+  Packed documents (segment_ids [B, T], SPEC.md section 9): a token sees only its own document (padding only
+  padding), through a [B, 1, T, T] boolean mask, which cuDNN takes as an additive bias of that size (it reads it;
+  the flash kernel still forms no score matrix); RoPE positions restart at every document unless given.
   For decoding, the cache holds the rotated keys and the values of the last L = min(window, max_len)
   tokens, {"k", "v"}: [B, L, H, head_dim], position p in slot p % L: a ring buffer that never wraps
   for full attention (L = max_len) and keeps exactly the window for sliding-window attention.
@@ -61,27 +66,35 @@ class Attention(nnx.Module):
     self.dtype = dtype
 
   def project(self, x, positions):
-    """x: [B, T, width], positions: [T] -> q, k (rotated), v: [B, T, H, head_dim]."""
+    """x: [B, T, width], positions: [T] or [B, T] -> q, k (rotated), v: [B, T, H, head_dim]."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, self.head_dim)
     q = rotary(heads(self.q_proj(x)), self.rope_base, positions)
     k = rotary(heads(self.k_proj(x)), self.rope_base, positions)
     return q, k, heads(self.v_proj(x))
 
-  def attend(self, q, k, v):
-    """q, k, v: [B, T, H, head_dim] at positions 0 .. T - 1 -> y: [B, T, width]."""
+  def attend(self, q, k, v, segment_ids=None):
+    """q, k, v: [B, T, H, head_dim] at positions 0 .. T - 1 -> y: [B, T, width]; segment_ids: None or [B, T]."""
     B, T = q.shape[:2]
     # local_window_size (left, right) lets t see s in [t - left, t + right]; cuDNN takes it as a window of
     # left + 1 tokens. A window covering the sequence is plain causal attention.
     window = None if self.window is None or self.window >= T else (self.window - 1, 0)
-    o = jax.nn.dot_product_attention(q, k, v, scale=self.head_dim**-0.5, is_causal=True, local_window_size=window,
+    mask = None
+    if segment_ids is not None:
+      document = document_index(segment_ids)
+      mask = (document[:, :, None] == document[:, None, :])[:, None]  # [B, 1, T, T]: t and s in one document
+    o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=self.head_dim**-0.5, is_causal=True,
+                                     local_window_size=window,
                                      implementation=flash_implementation(q.dtype, self.head_dim))
     return self.o_proj(o.reshape(B, T, -1))
 
-  def __call__(self, x):
-    positions = jnp.arange(x.shape[1])
+  def __call__(self, x, segment_ids=None, positions=None):
+    """x: [B, T, width]; segment_ids, positions: None or [B, T] (positions default: 0 .. T - 1, or the position
+    inside each document when packed)."""
+    if positions is None:
+      positions = jnp.arange(x.shape[1]) if segment_ids is None else document_positions(segment_ids)
     q, k, v = self.project(x, positions)
-    return self.attend(q, k, v)
+    return self.attend(q, k, v, segment_ids)
 
   def init_cache(self, batch, max_len):
     L = max_len if self.window is None else min(self.window, max_len)

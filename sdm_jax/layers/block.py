@@ -19,8 +19,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(width)
     self.mlp = SwiGLU(width, mlp_hidden, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x):
-    return self.feed_forward(x + self.mixer(self.mixer_norm(x)))
+  def __call__(self, x, segment_ids=None, positions=None):
+    """x: [B, T, width]; segment_ids, positions: None or [B, T] for packed documents (the mixer's arguments)."""
+    return self.feed_forward(x + self.mixer(self.mixer_norm(x), segment_ids=segment_ids, positions=positions))
 
   def prefill(self, x, max_len):
     """x: [B, T, width] -> (y, the mixer's cache)."""

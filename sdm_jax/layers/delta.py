@@ -91,13 +91,15 @@ class DeltaMixer(RecurrentMixer):
             "v_conv": self.v_conv.init_cache(batch),
             "S": jnp.zeros((batch, self.num_heads, self.head_dim, self.value_dim), jnp.float32)}
 
-  def extend(self, x, cache, impl):
-    """Runs x: [B, T, width] on from the state in cache; returns (y [B, T, width], the new cache)."""
+  def extend(self, x, cache, impl, segment_ids=None):
+    """Runs x: [B, T, width] on from the state in cache; returns (y [B, T, width], the new cache).
+    segment_ids: None or [B, T], packed documents: the convs and the op restart at every document (the cache
+    then continues the row's first one)."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, -1)
     new_cache = {}
     def conv(name, y):
-      y, new_cache[f"{name}_conv"] = getattr(self, f"{name}_conv").extend(y, cache[f"{name}_conv"])
+      y, new_cache[f"{name}_conv"] = getattr(self, f"{name}_conv").extend(y, cache[f"{name}_conv"], segment_ids)
       return heads(jax.nn.silu(y))
     q, k, v = conv("q", self.q_proj(x)), conv("k", self.k_proj(x)), conv("v", self.v_proj(x))
     gates = {}
@@ -106,6 +108,6 @@ class DeltaMixer(RecurrentMixer):
       gates[name] = gate[..., 0] if shape == "head" else gate
     o, new_cache["S"] = self.variant.op(
         q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=impl, chunk_size=self.chunk_size,
-        initial_state=cache["S"], output_final_state=True)
+        initial_state=cache["S"], output_final_state=True, segment_ids=segment_ids)
     out_gate = ACTIVATIONS[self.out_gate.activation](heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), new_cache

@@ -74,8 +74,9 @@ class SparseDeltaMemory(RecurrentMixer):
     del max_len
     return {"M": jnp.broadcast_to(self.m0[...], (batch, *self.m0.shape))}
 
-  def extend(self, x, cache, impl):
-    """Runs x: [B, T, width] on from the table in cache; returns (y [B, T, width], the new cache)."""
+  def extend(self, x, cache, impl, segment_ids=None):
+    """Runs x: [B, T, width] on from the table in cache; returns (y [B, T, width], the new cache).
+    segment_ids: None or [B, T], packed documents, passed to the op (`ops.sparse_delta_rule`)."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, -1)
     k_idx, k_w = self.address(self.write_query_proj(x), self.topk_write)
@@ -85,6 +86,8 @@ class SparseDeltaMemory(RecurrentMixer):
     o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
                                      chunk_size=self.chunk_size, output_final_state=True,
                                      rows_dtype=self.rows_dtype, rows_segments=self.rows_segments,
-                                     table_dtype=self.table_dtype)
+                                     table_dtype=self.table_dtype,
+                                     # Only when packed: unpacked calls do not depend on the op taking it.
+                                     **({} if segment_ids is None else {"segment_ids": segment_ids}))
     out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), {"M": table}

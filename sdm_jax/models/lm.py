@@ -7,6 +7,7 @@ from flax import nnx
 
 from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
 from sdm_jax.models.generate import generate
+from sdm_jax.ops.segments import document_positions
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -75,18 +76,25 @@ class LanguageModel(nnx.Module):
                            preferred_element_type=jnp.float32, rngs=rngs)
     self.remat = remat
 
-  def __call__(self, tokens):
-    return self.head(self.features(tokens)).astype(jnp.float32)
+  def __call__(self, tokens, segment_ids=None, positions=None):
+    return self.head(self.features(tokens, segment_ids, positions)).astype(jnp.float32)
 
-  def features(self, tokens):
+  def features(self, tokens, segment_ids=None, positions=None):
     """tokens: [B, T] -> the final norm's output [B, T, width], what the head maps to logits (the training
-    loss scores it chunk by chunk, `models.loss.token_scores`)."""
+    loss scores it chunk by chunk, `models.loss.token_scores`).
+
+    segment_ids, positions: None or int [B, T], documents packed into rows (SPEC.md section 9; a batch's
+    "segment_ids" and "positions"): every document is modelled as alone -- the recurrences restart, the convs
+    and attention do not see across a boundary -- and RoPE takes positions (default: the position inside each
+    document when packed, else 0 .. T - 1). Padding (id 0) affects no document."""
+    if positions is None and segment_ids is not None:
+      positions = document_positions(segment_ids)
     x = self.embed(tokens)
-    run = lambda block, x: block(x)
+    run = lambda block, x, segment_ids, positions: block(x, segment_ids, positions)
     if self.remat != "none":
       run = nnx.remat(run, policy=REMAT_POLICIES[self.remat])
     for block in self.blocks:
-      x = run(block, x)
+      x = run(block, x, segment_ids, positions)
     return self.final_norm(x)
 
   def logits(self, x):
