@@ -35,9 +35,11 @@ width-1024 DeltaNet and Transformer come to about 341M that way): GDN and KDA la
 FG2-GDN, FG2-GDN+ and GDN-2 lie 16-25 % above, by their channel-wise gates, each a full width -> H * K (or
 H * V) projection (tests/experiments/test_paper_configs.py holds both).
 
-Data: there is no tokenized corpus yet, so every variant trains on the byte-level "text" task (sdm_jax/data):
-its 256 byte values fit the 32,000-entry vocabulary, whose other rows stay unused. The shapes, not the
-losses, are the paper's until a tokenized corpus arrives.
+Data: the "corpus" task (sdm_jax/data/corpus.py), documents packed into rows with their segment ids, from
+the directory after the variant ("kda_340m,DATA_DIR"; default data/stdlib). Prepare it with a tokenizer of at
+most 32,000 entries, e.g. the offline default trained to that size:
+
+  python -m experiments.prepare_data --tokenizer=train:32000 --out=data/stdlib
 """
 
 import ml_collections
@@ -59,7 +61,8 @@ WINDOW = 2048
 NAMES = tuple(f"{name}_{size}" for size in SIZES for name in VARIANTS)
 
 
-def get_config(variant="kda_340m"):
+def get_config(argument="kda_340m"):
+  variant, _, data_dir = argument.partition(",")
   name, _, size = variant.rpartition("_")
   if name not in VARIANTS or size not in SIZES:
     raise ValueError(f"config variant: expected <mixer or hybrid>_<size> with a mixer or hybrid in {VARIANTS} "
@@ -67,7 +70,10 @@ def get_config(variant="kda_340m"):
   num_layers, width, num_heads, mlp_hidden, batch_size, steps = SIZES[size]
   config = ml_collections.ConfigDict()
   config.seed = 0
-  data = default_data_config("text")
+  data = default_data_config("corpus")
+  if data_dir:
+    data.data_dir = data_dir
+  data.vocab_size = VOCAB_SIZE
   data.seq_len, data.batch_size = SEQ_LEN, batch_size
   config.data = data
   model = model_config(name, VOCAB_SIZE, num_layers=num_layers, width=width, num_heads=num_heads,

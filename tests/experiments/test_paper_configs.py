@@ -24,10 +24,11 @@ def test_every_variant_builds():
     assert model.head_dim == model.value_dim == 128
     assert round(model.mlp_ratio * model.width) == SWIGLU[model.width]
     assert (model.vocab_size, model.dtype, model.impl, model.sdm_impl) == (32000, "bfloat16", "auto", "auto")
-    assert config.data.name == "text" and config.data.vocab_size <= model.vocab_size
+    assert config.data.name == "corpus" and config.data.vocab_size == model.vocab_size
     assert config.data.seq_len == 4096
     assert len(layer_letters(model.pattern, model.num_layers)) == model.num_layers
   assert paper.get_config("sdm_ref").data.batch_size == 4  # SPEC.md section 7: B x T = 4 x 4096
+  assert paper.get_config("gdn2_340m,/tmp/corpus").data.data_dir == "/tmp/corpus"
   for bad in ("kda_7b", "mamba_340m", "kda"):
     with pytest.raises(ValueError, match="variant"):
       paper.get_config(bad)
