@@ -31,12 +31,15 @@ DEFAULT_VOCAB_SIZE = 4096  # experiments.prepare_data's default tokenizer, train
 class TokenCorpusConfig:
   """data_dir: a prepared corpus directory; vocab_size: the model's vocabulary, at least the tokenizer's;
   packing: one of packing.PACKINGS; packing_bins: first-fit's rows packed at once (0: the rows of one batch of a
-  shard; more rows leave less padding)."""
+  shard; more rows leave less padding); document_masks: False leaves segment_ids and positions out of the batches,
+  so the model runs each row as one sequence whose state crosses document starts (the unpacked kernels; for
+  comparing throughput)."""
   data_dir: str = DEFAULT_DATA_DIR
   vocab_size: int = DEFAULT_VOCAB_SIZE
   seq_len: int = 1024
   packing: str = "first_fit"
   packing_bins: int = 0
+  document_masks: bool = True
   seed: int = 0
 
 
@@ -88,7 +91,10 @@ def batches(data, split, *, shard_index, shard_count, read_options):
     start = shard_index * rows_per_shard
     result = rows.batch(data.batch_size, drop_remainder=True).map(
         functools.partial(_rows_of_shard, start, start + rows_per_shard))
-  return packing.JsonStateIterDataset(result.map(packing.language_model_batch))
+  result = result.map(packing.language_model_batch)
+  if not config.document_masks:
+    result = result.map(lambda batch: {k: v for k, v in batch.items() if k not in ("segment_ids", "positions")})
+  return packing.JsonStateIterDataset(result)
 
 
 def eval_metrics(data, split, loss):

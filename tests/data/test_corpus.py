@@ -152,3 +152,12 @@ def test_bits_per_byte_converts_the_loss_by_targets_per_byte(tiny_corpus):
   assert metrics == {"bits_per_byte": pytest.approx(2.0 * targets_per_byte)}
   text_config = ml_collections.ConfigDict({"name": "text"})
   assert pipeline.eval_metrics(text_config, "validation", 1.0) == {}
+
+
+def test_without_document_masks_the_batches_are_the_same_rows_without_segments(tiny_corpus):
+  masked = next(make_iterator(corpus_config(tiny_corpus[0]), "train", shard_index=0, shard_count=1))
+  plain = next(make_iterator(corpus_config(tiny_corpus[0], document_masks=False), "train", shard_index=0,
+                             shard_count=1))
+  assert set(masked) - set(plain) == {"segment_ids", "positions"}
+  for key in plain:
+    np.testing.assert_array_equal(plain[key], masked[key])
