@@ -20,12 +20,12 @@ from helpers import seed_of, value_dim
 from sdm_jax import ops
 from sdm_jax.ops.segments import cu_seqlens_to_segment_ids, document_index, document_positions
 
-B, T, H, K, V, C = 2, 48, 1, 16, 32, 16
+B, T, H, K, V, C = 2, 46, 1, 16, 32, 16  # the last chunk is cut short: the impls pad it
 # (start, end, id) per document. Row 0: documents of 1 and 20 tokens (across the chunk boundary at 16), 1, 10, and
-# 13 starting exactly at the boundary 32, then 3 tokens of padding. Row 1: 15, then 32 from chunk position 15
+# 13 starting exactly at the boundary 32, then a token of padding. Row 1: 15, then 30 from chunk position 15
 # across two boundaries, then 1 (the row's last token); its ids repeat, apart, as two documents.
 LAYOUT = (((0, 1, 1), (1, 21, 2), (21, 22, 3), (22, 32, 4), (32, 45, 5)),
-          ((0, 15, 7), (15, 47, 3), (47, 48, 7)))
+          ((0, 15, 7), (15, 45, 3), (45, 46, 7)))
 DOCUMENTS = [(row, start, end) for row, docs in enumerate(LAYOUT) for start, end, _ in docs]
 L = max(end - start for _, start, end in DOCUMENTS)
 
