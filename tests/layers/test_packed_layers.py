@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from sdm_jax.layers import Attention, CausalConv, DeltaMixer
+from sdm_jax.layers import attention as attention_module
 
 WIDTH, L, PAD = 32, 11, 2  # two documents of L tokens, then PAD of padding: one row of T = 24 (chunk 16)
 T = 2 * L + PAD
@@ -73,6 +74,24 @@ def test_attention_takes_positions():
   np.testing.assert_array_equal(layer(x, SEGMENT_IDS, positions), y)
   assert rel_err(layer(x, SEGMENT_IDS, positions + 5)[:, :2 * L], y[:, :2 * L]) < 1e-5
   assert rel_err(layer(x, SEGMENT_IDS, jnp.arange(T)[None])[:, :2 * L], y[:, :2 * L]) < 1e-5
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention runs on the GPU")
+@pytest.mark.parametrize("window", (None, 128), ids=("full", "sliding"))
+def test_packed_cudnn_matches_xla_at_bf16(window, monkeypatch):
+  """cuDNN takes the documents' mask as an additive [B, 1, T, T] bias; the xla path as a mask."""
+  layer = Attention(256, num_heads=4, head_dim=128, window=window, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(layer)
+  x = jax.random.normal(jax.random.key(5), (2, 512, 256), jnp.bfloat16)
+  ids = jnp.asarray(np.repeat(np.arange(1, 9), 64)[None].repeat(2, 0) * np.r_[[1] * 500 + [0] * 12])
+  run = lambda: jax.jit(lambda s, x: jax.vjp(lambda s, x: nnx.merge(graphdef, s)(x, ids), s, x)[1](
+      jnp.ones(x.shape, jnp.bfloat16)))
+  assert "__cudnn$fmha" in jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, ids)).lower(state, x).as_text()
+  cudnn = run()(state, x)
+  monkeypatch.setattr(attention_module, "flash_implementation", lambda dtype, head_dim: "xla")
+  xla = run()(state, x)
+  for a, b in zip(jax.tree.leaves(cudnn), jax.tree.leaves(xla)):
+    assert rel_err(a, b) < 2e-2
 
 
 def test_delta_layer_restarts_at_documents():
