@@ -147,8 +147,8 @@ class Checkpointer:
     restored = self.manager.restore(step, args=ocp.args.Composite(**args))
     if iterator is not None and "data" in meta and restored["data"] != meta["data"]:
       return f"has data state {restored['data']} but its metadata says {meta['data']}", None
-    if optimizer is not None and int(restored["optimizer"]["step"].value) != step:
-      return f"holds an optimizer at step {int(restored['optimizer']['step'].value)}", None
+    if optimizer is not None and (held := int(restored["optimizer"]["step"][...])) != step:
+      return f"holds an optimizer at step {held}", None
     prints, non_finite = fingerprints({name: restored[name] for name in args if name != "data"})
     if non_finite:
       return f"has a non-finite array ({non_finite[0]})", None

@@ -83,7 +83,8 @@ def plot_metrics(records, path):
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run stopped before its first record has nothing to label
+      ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
