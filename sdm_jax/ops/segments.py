@@ -59,6 +59,13 @@ def mask_inputs(segment_ids, inputs, decay):
   return inputs, decay, starts
 
 
+def mask_padding(segment_ids, inputs):
+  """Zeroes every array of inputs ([B, T, ...]) on padding (id 0), through jnp.where: zero gradient there."""
+  padding = segment_ids == 0
+  by_token = lambda x: padding.reshape(padding.shape + (1,) * (x.ndim - 2))
+  return [jnp.where(by_token(x), jnp.zeros((), x.dtype), x) for x in inputs]
+
+
 def chunk_documents(starts, chunk_size):
   """[B, T] int32 from document starts [B, T] (T a multiple of chunk_size): at each token, the number of
   document starts at or before it inside its chunk. Two tokens of a chunk share a document exactly when these

@@ -9,15 +9,20 @@ Per head a table M [N, V]. At token t, with write slots I_t (weights kappa_t), r
 
 A slot listed twice in one token's I_t is one slot whose weight is the sum of its entries (the
 dense-key reading: GDN with key vector k_t = sum_w kappa_t[w] e_{I_t[w]}); it is decayed once.
+
+Packed documents (segment_ids, SPEC.md section 9): every document starts from m0 (there is no other initial state),
+so the table at a document start is m0 again; its decay g_t applies to m0's rows as at t = 0.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
+from sdm_jax.ops.segments import check_segment_ids, document_starts, mask_padding
 from sdm_jax.ops.sparse_pallas import check_rows_options, sparse_delta_pallas
-from sdm_jax.ops.validation import check_options, check_shape
+from sdm_jax.ops.validation import check_array, check_options, check_shape, chunk_size_for
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -31,31 +36,41 @@ def _token_step(table, k_idx, k_w, v, g, beta, q_idx, q_w):
   return table, jnp.dot(q_w, table[q_idx], precision=HIGHEST)
 
 
-def sparse_delta_scan(table, k_idx, k_w, v, g, beta, q_idx, q_w):
-  """Token-by-token reference; same shapes as `sparse_delta_chunk`."""
+def sparse_delta_scan(table, k_idx, k_w, v, g, beta, q_idx, q_w, starts=None):
+  """Token-by-token reference; same shapes as `sparse_delta_chunk`. starts: None or [B, T] bool, where packed
+  documents start: the carried table is replaced by the initial one (m0) there, before the token's step."""
   step = jax.vmap(jax.vmap(_token_step))  # over B, H
+  m0 = table
 
   def body(table, xs):
+    if starts is not None:
+      *xs, start = xs
+      table = jnp.where(start[:, None, None, None], m0, table)
     return step(table, *xs)
 
-  xs = [jnp.moveaxis(x, 1, 0) for x in (k_idx, k_w, v, g, beta, q_idx, q_w)]
+  xs = [jnp.moveaxis(x, 1, 0) for x in (k_idx, k_w, v, g, beta, q_idx, q_w) + (() if starts is None else (starts,))]
   final, o = jax.lax.scan(body, table, xs)
   return jnp.moveaxis(o, 0, 1), final
 
 
 def _check_indices(name, idx, N):
+  """ValueError unless idx is an integer array of slots in [0, N). Concrete indices (also arrays a jitted caller
+  closes over) are checked here on the host with NumPy, never with jnp, whose results under jit are tracers;
+  traced ones only by a checkify check, which reports when the caller is checkify.checkify-ed."""
   if not jnp.issubdtype(idx.dtype, jnp.integer):
     raise ValueError(f"{name}: expected an integer dtype, got {idx.dtype}")
   if isinstance(idx, jax.core.Tracer):
     checkify.debug_check(jnp.all((idx >= 0) & (idx < N)), f"{name}: slot indices must lie in [0, {N})")
     return
-  lo, hi = int(jnp.min(idx, initial=0)), int(jnp.max(idx, initial=0))
+  values = np.asarray(idx)
+  lo, hi = (int(values.min()), int(values.max())) if values.size else (0, 0)
   if lo < 0 or hi >= N:
     raise ValueError(f"{name}: slot indices must lie in [0, N) = [0, {N}), got values in [{lo}, {hi}]")
 
 
 def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
-                      output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32"):
+                      output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32",
+                      segment_ids=None):
   """The Sparse Delta Memory recurrence.
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
@@ -69,13 +84,20 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
   table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
   the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
-  Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
-  indices raise ValueError (under jit: a check that `checkify` reports).
+  segment_ids: None or int [B, T], documents packed into rows (SPEC.md section 9): equal nonzero ids in a run are
+  one document, 0 is padding (after a row's last document). Each document starts from m0 (the row's, when m0 is
+  [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
+  output is 0 and its inputs get zero gradient); the final table is the table after the row's last document (m0 on
+  the slots that document never wrote). The result equals each document run alone, for every impl and option.
+  Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None); with B, T, H, N or V of 0, zeros
+  and the table unchanged. Out-of-range indices raise ValueError where the index arrays are concrete (also arrays
+  a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
   impl = check_options(impl, chunk_size)
   check_rows_options(rows_dtype, rows_segments, table_dtype)
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
+  check_array("m0", m0)
   if m0.ndim == 3:
     check_shape("m0", m0, ("H", "N", "V"), dims)
   else:
@@ -84,22 +106,33 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
                          ("beta", beta, ("B", "T", "H")), ("q_w", q_w, ("B", "T", "H", "R"))):
     check_shape(name, x, names, dims)
   for name, idx, ref in (("k_idx", k_idx, k_w), ("q_idx", q_idx, q_w)):
+    check_array(name, idx)
     if idx.shape != ref.shape:
       raise ValueError(f"{name}: expected the shape of its weights {ref.shape}, got {idx.shape}")
     _check_indices(name, idx, dims["N"])
+  starts = None
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(segment_ids, dims)
+    k_w, v, g, beta, q_w = mask_padding(segment_ids, (k_w, v, g, beta, q_w))
+    starts = document_starts(segment_ids)
   B, T, H, _ = v.shape
   acc = jnp.result_type(jnp.float32, m0.dtype, k_w.dtype, v.dtype, g.dtype, beta.dtype, q_w.dtype)
   table = jnp.broadcast_to(m0.astype(acc), (B, *m0.shape[-3:]))
+  if 0 in (B, T, H, dims["N"], dims["V"]):  # nothing to run: no token, or no entry to write or read
+    return jnp.zeros(v.shape, v.dtype), table if output_final_state else None
+  chunk_size = chunk_size_for(chunk_size, T)
   floats = [x.astype(acc) for x in (k_w, v, g, beta, q_w)]
   k_w, v32, g, beta, q_w = floats
   if impl == "scan":
-    o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w)
+    o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w, starts)
   elif impl == "pallas":
     # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
     # bits as the fp32 copies, without keeping them for the backward.
     o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
-                                   rows_segments=rows_segments, table_dtype=table_dtype)
+                                   rows_segments=rows_segments, table_dtype=table_dtype, starts=starts)
   else:
+    if starts is not None:
+      raise ValueError('segment_ids: impl="chunk" does not take packed documents yet; use impl="scan" or "pallas"')
     C = chunk_size
     pad = -T % C
     # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.

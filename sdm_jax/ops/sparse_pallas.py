@@ -17,6 +17,13 @@ table_dtype="bfloat16" stores the table itself in bf16 (each written row rounded
 fp32): the kernels then move half the bytes, and the rows they save are bf16 copies of the table's, so the undo is
 exact. It changes the forward (lossy, like a bf16 state) and its gradients are those of the fp32 recurrence at the
 rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md.
+
+Packed documents (starts, SPEC.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`): the
+forward puts m0 back on each run's write slots after its last token, the backward transposes that and replays each
+earlier run's writes from m0 (one forward's writes more in all), and returns dM0 per batch row. Every option above
+works with them: the replay of rows segments runs the packed forward, and each segment's backward walks the full
+per-token arrays between its bounds (a document may span segments). Padding is masked by the caller: zero weights,
+g = 0 and beta = 0 write the rows a token found, bit for bit.
 """
 
 import functools
@@ -86,11 +93,39 @@ def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w):
   return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
 
 
+class Documents(NamedTuple):
+  """Packed documents as the kernels walk them, [B, T] int32 per batch row (the heads share them). A run is a
+  document with the padding after it; runs begin at t = 0 and at every document start."""
+  starts: Any  # 1 where a document starts (t > 0)
+  run_start: Any  # the first token of each token's run
+
+
+def documents(starts):
+  """Documents from starts [B, T] bool (`segments.document_starts`)."""
+  T = starts.shape[1]
+  t = jnp.arange(T, dtype=jnp.int32)
+  return Documents(starts.astype(jnp.int32), jax.lax.cummax(jnp.where(starts, t, 0), axis=1))
+
+
+def _restore_from(docs, hi):
+  """sparse_tokens_fwd's restore_from for a forward over tokens 0..hi-1: at token t, its run's first token where
+  token t + 1 starts a document (none after the call's last token), else t + 1."""
+  following = jnp.pad(docs.starts[:, 1:hi], ((0, 0), (0, 1))) > 0
+  return jnp.where(following, docs.run_start[:, :hi], jnp.arange(1, hi + 1, dtype=jnp.int32))
+
+
+def _previous_run(docs):
+  """sparse_tokens_bwd's previous_run: at a document start t, the first token of the run before t's, else t."""
+  before = jnp.pad(docs.run_start[:, :-1], ((0, 0), (1, 0)))
+  return jnp.where(docs.starts > 0, before, jnp.arange(docs.starts.shape[1], dtype=jnp.int32))
+
+
 class Residuals(NamedTuple):
   """What the forward saves for the backward. rows: [B, H, T_last, W, V] in the rows dtype, the rows the last
   segment's tokens found before their writes; m0: the initial table as the op got it ([H, N, V] or
-  [B, H, N, V]; None with one segment), what the backward replays the earlier segments from; final: the
-  final table [B, H, N, V] fp32; the per-token inputs as the op got them ([B, T, H, ...])."""
+  [B, H, N, V]; None with one segment unpacked), what the backward replays the earlier segments (and, packed, the
+  runs) from; final: the final table [B, H, N, V] fp32; the per-token inputs as the op got them ([B, T, H, ...]);
+  docs: Documents or None (unpacked)."""
   m0: Any
   final: Any
   rows: Any
@@ -101,6 +136,7 @@ class Residuals(NamedTuple):
   beta: Any
   q_idx: Any
   q_w: Any
+  docs: Any
 
 
 def segment_bounds(T, rows_segments):
@@ -114,18 +150,26 @@ def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
   return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
 
+def _packed_args(m0, docs, hi):
+  """sparse_tokens_fwd's packed arguments for a forward over tokens 0..hi-1 ({} unpacked)."""
+  return {} if docs is None else {"m0": m0, "restore_from": _restore_from(docs, hi)}
+
+
 def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
-             table_dtype=ROWS_DTYPES[0]):
-  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); the rest as the
-  op's."""
+             table_dtype=ROWS_DTYPES[0], docs=None):
+  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); docs: Documents
+  or None; the rest as the op's."""
   args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
-  bounds = segment_bounds(v.shape[1], rows_segments)
-  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0], table_dtype), *args, save_rows=save,
-                                      rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], interpret=interpret())
+  T = v.shape[1]
+  bounds = segment_bounds(T, rows_segments)
+  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0], table_dtype), *args, **_packed_args(m0, docs, T),
+                                      save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
+                                      interpret=interpret())
   if not save:
     return (_tokens(o), final), None
-  return (_tokens(o), final), Residuals(m0 if len(bounds) > 2 else None, final, rows[0], k_idx, k_w, v, g, beta,
-                                        q_idx, q_w)
+  keep_m0 = len(bounds) > 2 or docs is not None
+  return (_tokens(o), final), Residuals(m0 if keep_m0 else None, final, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w,
+                                        docs)
 
 
 class BackwardTokens(NamedTuple):
@@ -165,16 +209,54 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
-def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11))
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, docs=docs)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype)
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, docs)
 
 
 def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
+  if residuals.docs is not None:
+    return _bwd_packed(rows_dtype, rows_segments, table_dtype, residuals, cotangents)
+  return _bwd_unpacked(rows_dtype, rows_segments, table_dtype, residuals, cotangents) + (None,)
+
+
+def _bwd_packed(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
+  """As `_bwd_unpacked`, with the packed kernels: each segment's backward walks the full per-token arrays from
+  hi - 1 down to lo, and dM0 gathers over the calls (and dM at token 0, the first run's)."""
+  d_o, d_final = cotangents
+  r = residuals
+  B, T = r.v.shape[:2]
+  bounds = segment_bounds(T, rows_segments)
+  tokens = _backward_tokens(r, d_o)
+  forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
+  previous_run = _previous_run(r.docs)
+  table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
+  d_m0 = jnp.zeros(table.shape, jnp.float32)
+  tile_sum = lambda x: jnp.sum(x, axis=2)
+  pieces = []
+  for k in reversed(range(len(bounds) - 1)):
+    lo, hi = bounds[k], bounds[k + 1]
+    if hi < T:
+      d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))  # as in `_bwd_unpacked`
+      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
+                                         **_packed_args(m0, r.docs, hi), rows_dtype=jnp.dtype(rows_dtype),
+                                         rows_from=lo, interpret=interpret())
+    table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(
+        *_kernel_args(table, d_table, tokens, rows), m0=r.m0, d_m0=d_m0, previous_run=previous_run, tokens=(lo, hi),
+        interpret=interpret())
+    pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
+  d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
+  d_m0 = d_m0 + d_table  # what reached token 0: the cotangent of the first run's table
+  if r.m0.ndim == 3:
+    d_m0 = jnp.sum(d_m0, axis=0)
+  return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w, None)
+
+
+def _bwd_unpacked(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs)."""
@@ -217,11 +299,12 @@ def _pad_entries(idx, w):
 
 
 def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
-                        table_dtype="float32"):
+                        table_dtype="float32", starts=None):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
   but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
   rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in (the
-  module docstring)."""
+  module docstring). starts: None or [B, T] bool, where packed documents start (each from m0; padding already
+  masked by the caller: `sparse_delta.sparse_delta_rule`)."""
   rows_dtype, table_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype)
   B, T, _, V = v.shape
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
@@ -230,7 +313,9 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
   if Vp != V:  # zero value columns stay zero
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
     m0 = jnp.pad(m0, [(0, 0)] * (m0.ndim - 1) + [(0, Vp - V)])
-  if len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all the backward needs
+  docs = None if starts is None else documents(starts)
+  if docs is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
-  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype, rows_segments, table_dtype)
+  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments,
+                                  table_dtype)
   return o[..., :V], final[..., :V].astype(jnp.float32)
