@@ -13,12 +13,22 @@ The backward keeps the rows each chunk overwrote (C x W x V per chunk, T x W x V
 the chunks in reverse, undoes each chunk's writes to recover its starting table and
 differentiates that one chunk on its touched rows only: the table cotangent is updated in place
 at those rows, so neither its memory nor its work grows with T x N.
+
+Packed documents (`sparse_delta_chunk_packed`, SPEC.md section 9): every document starts from m0. Runs (a document
+and the padding after it) are numbered along the row, and the table carries beside each slot the run that last
+wrote it (version [B, H, N] int32): a token reads a slot's row from the table when its own run wrote it last, else
+from m0, so no document ever has to put m0 back on what the one before it wrote (nothing of size N per document).
+Within a chunk, token pairs of different documents do not interact and decay spans stop at a document start
+(`chunk_addressing` with doc); only the chunk's last document's writes reach the table and the versions. The
+final table is m0 wherever the last run did not write (once per call).
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+
+from sdm_jax.ops.segments import chunk_documents
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -52,10 +62,14 @@ def per_token(u, x):
   return jnp.zeros((C * W + 1, C), x.dtype).at[u, s].add(x)
 
 
-def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
+def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w, doc=None):
   """The value-independent part of one chunk for one (batch, head).
 
-  k_idx, k_w [C, W]; g, beta [C]; q_idx, q_w [C, R]. Returns a dict of
+  k_idx, k_w [C, W]; g, beta [C]; q_idx, q_w [C, R]; doc: None or [C] int, packed documents: the number of
+  document starts at or before each token inside the chunk (`segments.chunk_documents`), tokens of different
+  documents then do not interact, the chunk-start rows are each document's own (m0 for one that starts inside),
+  and keep, write_coef and multiplicity concern the chunk's last document, the only one its writes leave (commit
+  [C, W] bool marks its entries; multiplicity is 0 elsewhere). Returns a dict of
     slots [C, W]: the entries' chunk-local slot ids (`slot_groups`)
     multiplicity [C, W]: how many write entries of the chunk share the slot of (t, w) (>= 1)
     r0_coef [C, W]: r0_t = sum_w r0_coef[t, w] * (chunk-start row of slot k_idx[t, w])
@@ -76,26 +90,36 @@ def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   hit, hit_q = counts[u] > 0, counts[u_q] > 0
   weight, weight_q = weights[u], weights[u_q]
   gh, gh_q = hit * g, hit_q * g  # [C, W or R, C]: the decay token j applies to that slot
+  if doc is not None:  # decays only from tokens of the same document
+    same = doc[:, None] == doc[None, :]  # [t, s]
+    gh, gh_q = gh * same[:, None, :], gh_q * same[:, None, :]
+    commit = jnp.broadcast_to((doc == doc[-1])[:, None], u.shape)
 
   def span(gh, lo, hi):  # sum_j gh[t, w, j] over lo[t, s] < j <= hi[t, s] -> [C, W, C]
     mask = (j[None, None, :] > lo[:, :, None]) & (j[None, None, :] <= hi[:, :, None])  # [t, s, j]
     return _einsum("twj,tsj->tws", gh, mask.astype(dt))
 
   t_, s_ = jnp.meshgrid(j, j, indexing="ij")
+  pair = (lambda m: m) if doc is None else (lambda m: m & same)
   from_start = jnp.sum(jnp.where(j[None, None, :] <= j[:, None, None], gh, 0.0), axis=-1)  # [C, W]
   from_start_q = jnp.sum(jnp.where(j[None, None, :] <= j[:, None, None], gh_q, 0.0), axis=-1)
   to_end = jnp.sum(jnp.where(j[None, None, :] > j[:, None, None], gh, 0.0), axis=-1)
   total = jnp.sum(gh, axis=-1)
 
-  strict = (t_ > s_)[:, None, :]
+  strict = pair(t_ > s_)[:, None, :]
   decay = jnp.where(strict, jnp.exp(jnp.where(strict, span(gh, s_, t_), 0.0)), 0.0)  # [t, w, s]
   A = _einsum("tw,tws,tws->ts", k_w, weight, decay)
-  causal = (t_ >= s_)[:, None, :]
+  causal = pair(t_ >= s_)[:, None, :]
   decay_q = jnp.where(causal, jnp.exp(jnp.where(causal, span(gh_q, s_, t_), 0.0)), 0.0)
   eye = jnp.eye(C, dtype=dt)
+  multiplicity = jnp.sum(counts, axis=-1)[u]  # group sizes
+  if doc is not None:
+    multiplicity = jnp.sum(per_token(u, commit.astype(jnp.int32)), axis=-1)[u] * commit
+  extra = {} if doc is None else {"commit": commit}
   return {
+      **extra,
       "slots": u,
-      "multiplicity": jnp.sum(counts, axis=-1)[u],  # group sizes
+      "multiplicity": multiplicity,
       "r0_coef": k_w * jnp.exp(from_start),
       "read_coef": q_w * jnp.exp(from_start_q),
       "solve": jax.lax.linalg.triangular_solve(eye + beta[:, None] * A, jnp.diag(beta), left_side=True, lower=True,
@@ -106,16 +130,18 @@ def chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w):
   }
 
 
-def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w):
+def chunk_rows(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w, doc=None):
   """One chunk for one (batch, head), on the table rows it touches.
 
   rows_k [C, W, V], rows_q [C, R, V]: the chunk-start rows at k_idx, q_idx; k_idx, k_w [C, W];
-  v [C, V]; g, beta [C]; q_idx, q_w [C, R].
+  v [C, V]; g, beta [C]; q_idx, q_w [C, R]; doc: None or [C] (`chunk_addressing`; the rows are then each
+  token's document's own).
   Returns ((kept [C, W, V], written [C, W, V], o [C, V]), multiplicity [C, W]): at the chunk end,
   slot k_idx[t, w] holds kept[t, w] (the same for every entry of that slot) plus the sum of written
-  over its entries; multiplicity[t, w] counts those entries (>= 1).
+  over its entries; multiplicity[t, w] counts those entries (>= 1; packed, the last document's entries only, 0
+  for the others, whose kept and written are not stored).
   """
-  a = chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w)
+  a = chunk_addressing(k_idx, k_w, g, beta, q_idx, q_w, doc)
   r0 = _einsum("tw,twv->tv", a["r0_coef"], rows_k)
   delta = _einsum("ts,sv->tv", a["solve"], v - r0)  # d_t = beta_t (v_t - r_t)
   o = _einsum("tr,trv->tv", a["read_coef"], rows_q) + _einsum("ts,sv->tv", a["A_qk"], delta)
@@ -210,3 +236,129 @@ def _bwd(chunk_size, residuals, cotangents):
 
 
 sparse_delta_chunk.defvjp(_forward, _bwd)
+
+
+# Packed documents. Per (batch, head) gathers from m0 ([H, N, V] shared: the head's table for every row), and the
+# version gathers and updates; an index N drops an update (the entries of a chunk's earlier documents).
+_gather_shared = jax.vmap(jax.vmap(lambda m, i: m[i]), in_axes=(None, 0))
+_set_kept = jax.vmap(jax.vmap(lambda m, i, r: m.at[i].set(r, mode="drop")))
+_add_kept = jax.vmap(jax.vmap(lambda m, i, r: m.at[i].add(r, mode="drop")))
+
+
+def _gather_m0(m0, idx):
+  return (_gather_shared if m0.ndim == 3 else _gather)(m0, idx)
+
+
+def _rows_step_packed(rows_k, rows_q, floats, ints, doc):
+  k_w, v, g, beta, q_w = floats
+  k_idx, q_idx = ints
+  per_row = jax.vmap(chunk_rows, in_axes=(0,) * 9 + (None,))  # the heads share the documents
+  return jax.vmap(per_row)(rows_k, rows_q, k_idx, k_w, v, g, beta, q_idx, q_w, doc)
+
+
+def _documents(starts, C):
+  """starts [B, T] bool -> per chunk [n, B, C] int32: doc (`segments.chunk_documents`), run (the run of each token
+  along its row: runs begin at t = 0 and at every document start)."""
+  B, T = starts.shape
+  doc = chunk_documents(starts, C)
+  run = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+  to_chunks = lambda x: jnp.moveaxis(x.reshape(B, T // C, C), 1, 0)
+  return to_chunks(doc), to_chunks(run)
+
+
+def _own_rows(rows, found_run, m0_rows, run):
+  """The rows a token starts from: the table's where its run wrote them last, else m0's. rows, m0_rows
+  [B, H, C, E, V]; found_run [B, H, C, E]; run [B, C]."""
+  own = found_run == run[:, None, :, None]
+  return jnp.where(own[..., None], rows, m0_rows), own
+
+
+def _committed(k_idx, doc, N):
+  """k_idx [B, H, C, W] where the entry belongs to the chunk's last document (doc [B, C]), else N."""
+  last = (doc == doc[:, -1:])[:, None, :, None]
+  return jnp.where(last, k_idx, N)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def sparse_delta_chunk_packed(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, chunk_size):
+  """`sparse_delta_chunk` for packed documents (padding masked by the caller). m0 [H, N, V] or [B, H, N, V];
+  starts [B, T] bool, where documents start (`segments.document_starts`); T a multiple of chunk_size. Returns
+  (o [B, T, H, V], final table [B, H, N, V]: the last document's, m0 where it did not write)."""
+  return _forward_packed(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, chunk_size)[0]
+
+
+def _forward_packed(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, chunk_size):
+  B, T, H, _ = v.shape
+  N = m0.shape[-2]
+  floats, ints = _split(k_idx, k_w, v, g, beta, q_idx, q_w, chunk_size)
+  docs = _documents(starts, chunk_size)
+  m0_rows = jnp.broadcast_to(m0, (B, *m0.shape[-3:]))
+
+  def step(carry, xs):
+    table, version = carry
+    floats, ints, (doc, run) = xs
+    k_idx, q_idx = ints
+    found_k, found_run = _gather(table, k_idx), _gather(version, k_idx)  # kept for the backward
+    found_q, found_run_q, table, version = jax.lax.optimization_barrier(
+        (_gather(table, q_idx), _gather(version, q_idx), table, version))  # as `_read_before_write`
+    rows_k, _ = _own_rows(found_k, found_run, _gather_m0(m0, k_idx), run)
+    rows_q, _ = _own_rows(found_q, found_run_q, _gather_m0(m0, q_idx), run)
+    (kept, written, o), _ = _rows_step_packed(rows_k, rows_q, floats, ints, doc)
+    slots = _committed(k_idx, doc, N)
+    table = _add_kept(_set_kept(table, slots, kept), slots, written)
+    version = _set_kept(version, slots, jnp.broadcast_to(run[:, None, -1:, None], slots.shape))
+    return (table, version), (o, found_k, found_run)
+
+  start = (m0_rows, jnp.zeros((B, H, N), jnp.int32))
+  (table, version), (o, found_k, found_run) = jax.lax.scan(step, start, (floats, ints, docs))
+  last = (version == docs[1][-1, :, -1][:, None, None])[..., None]  # the slots the last run wrote
+  final = jnp.where(last, table, m0_rows)
+  return (_from_chunks(o), final), (m0, table, version, found_k, found_run, floats, ints, docs)
+
+
+def _bwd_packed(chunk_size, residuals, cotangents):
+  """As `_bwd`, with the versions undone beside the rows; a row a token read from m0 sends its cotangent to dM0."""
+  m0, table, version, found_k, found_run, floats, ints, docs = residuals
+  d_o, d_final = cotangents
+  B = d_o.shape[0]
+  N = m0.shape[-2]
+  last = (version == docs[1][-1, :, -1][:, None, None])[..., None]
+  zero = jnp.zeros((), d_final.dtype)
+  d_table, d_m0 = jnp.where(last, d_final, zero), jnp.where(last, zero, d_final)
+
+  def step(carry, inputs):
+    table_end, version_end, d_end, d_m0 = carry
+    floats, ints, found_k, found_run, (doc, run), d_o = inputs
+    k_idx, q_idx = ints
+    rows_k, own_k = _own_rows(found_k, found_run, _gather_m0(m0, k_idx), run)
+    # The chunk's last document's entries are the ones it stored: undo those (rows and versions).
+    slots = _committed(k_idx, doc, N)
+    table_start = _set_kept(table_end, slots, found_k)
+    version_start = _set_kept(version_end, slots, found_run)
+    found_q, found_run_q, table_start, version_start = jax.lax.optimization_barrier(
+        (_gather(table_start, q_idx), _gather(version_start, q_idx), table_start, version_start))
+    rows_q, own_q = _own_rows(found_q, found_run_q, _gather_m0(m0, q_idx), run)
+    _, vjp, multiplicity = jax.vjp(lambda rk, rq, f: _rows_step_packed(rk, rq, f, ints, doc), rows_k, rows_q, floats,
+                                   has_aux=True)
+    d_slot, d_end = _read_before_write(_gather(d_end, k_idx), d_end)
+    stored = (multiplicity > 0)[..., None]
+    d_slot = jnp.where(stored, d_slot, 0.0)
+    d_kept = d_slot / jnp.maximum(multiplicity, 1)[..., None].astype(d_slot.dtype)
+    d_rows_k, d_rows_q, d_floats = vjp((d_kept, d_slot, d_o))
+    to_table = lambda d, own: jnp.where(own[..., None], d, 0.0)
+    to_m0 = lambda d, own: jnp.where(own[..., None], 0.0, d)
+    d_start = _add(_add(_set_kept(d_end, slots, jnp.zeros_like(d_slot)), k_idx, to_table(d_rows_k, own_k)), q_idx,
+                   to_table(d_rows_q, own_q))
+    d_m0 = _add(_add(d_m0, k_idx, to_m0(d_rows_k, own_k)), q_idx, to_m0(d_rows_q, own_q))
+    return (table_start, version_start, d_start, d_m0), d_floats
+
+  xs = (floats, ints, found_k, found_run, docs, _to_chunks(d_o, chunk_size))
+  (_, _, d_table, d_m0), d_floats = jax.lax.scan(step, (table, version, d_table, d_m0), xs, reverse=True)
+  d_m0 = d_m0 + d_table  # what reached t = 0: the first run's table is m0
+  if m0.ndim == 3:
+    d_m0 = jnp.sum(d_m0, axis=0)
+  d_k_w, d_v, d_g, d_beta, d_q_w = (_from_chunks(d) for d in d_floats)
+  return d_m0, None, d_k_w, d_v, d_g, d_beta, None, d_q_w, None
+
+
+sparse_delta_chunk_packed.defvjp(_forward_packed, _bwd_packed)
