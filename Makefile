@@ -35,7 +35,7 @@ demo: $(VENV)/.installed
 	@echo "demo run in $(DEMO): checkpoints/, metrics.jsonl, metrics.png (loss/accuracy plot), eval.json, config.json"
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=25 tests
 
 clean:
 	rm -rf $(VENV)
