@@ -1,5 +1,6 @@
 """The Pallas Sparse Delta Memory kernels: 'cuda' lowering checks for an abstract NVIDIA H200 (their
-interpret-mode numerics, forward and gradients, are in tests/ops/test_sparse_delta.py)."""
+interpret-mode numerics, forward and gradients, are in tests/ops/test_sparse_delta.py and, packed,
+tests/ops/test_sparse_packed.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,29 @@ def test_bf16_table_lowers_for_cuda():
   idx = x(128, dtype=jnp.int32)
   args = (table, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128, V, dtype=jnp.bfloat16), x(V))
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
+
+
+@pytest.mark.parametrize("shared,table_dtype,rows_dtype,tokens", [
+    (True, jnp.float32, jnp.float32, (0, 37)), (False, jnp.float32, jnp.bfloat16, (5, 30)),
+    (True, jnp.bfloat16, jnp.bfloat16, (20, 37))])
+def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, tokens):
+  """The packed variants (m0 given, SPEC.md section 9): the forward's restore loop and the backward's transposed
+  restore and replay (dynamic bounds), m0 shared over the batch or per row, with a bf16 table, over a token range."""
+  T, W = 37, 128
+  lo, hi = tokens
+  m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), jnp.float32)
+  table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
+  per_row = jax.ShapeDtypeStruct((B, T), jnp.int32)
+  forward = lambda m, restore_from, *a: sparse_tokens_fwd(*a, m0=m, restore_from=restore_from, rows_dtype=rows_dtype,
+                                                          rows_from=lo)
+  assert _lowers_for_cuda(forward, (m0, per_row, table, *_forward_args(T, W)[1:]))
+  x = lambda *shape, dtype=jnp.float32: _per_token(T, *shape, dtype=dtype)
+  idx = x(W, dtype=jnp.int32)
+  rows = jax.ShapeDtypeStruct((B, H, hi - lo, W, V), rows_dtype)
+  args = (table, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), rows, x(V))
+  backward = lambda m, d_m0, previous_run, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0, previous_run=previous_run,
+                                                                 tokens=tokens)
+  assert _lowers_for_cuda(backward, (m0, TABLE, per_row, *args))
 
 
 @pytest.mark.parametrize("block_v,num_warps,num_stages", [(8, 2, 1), (32, 8, 2), (64, 4, 1)])
