@@ -20,8 +20,8 @@ from sdm_jax.ops import sparse_delta_rule
 
 B, T, H, N, V, W = 2, 40, 2, 64, 32, 16
 # (start, end) per document, ids 1, 2, ... in order. Row 0: documents of 1, 12, 1 and 13 tokens, then 13 of padding:
-# with rows_segments=3 (bounds 13 and 26) a document starts at a bound and one spans a bound; four documents start in
-# the first chunk of 16. Row 1: 24 tokens, then 16 (a start at a chunk start for chunk_size 8, inside one for 16).
+# with rows_segments=3 (bounds 13 and 26) a document starts at a bound and one spans a bound; three documents meet in
+# one chunk of 8 (tokens 8-15). Row 1: 24 tokens, then 16 (a start at a chunk start for chunk_size 8).
 LAYOUT = (((0, 1), (1, 13), (13, 14), (14, 27)), ((0, 24), (24, 40)))
 DOCUMENTS = [(row, start, end) for row, docs in enumerate(LAYOUT) for start, end in docs]
 L = max(end - start for _, start, end in DOCUMENTS)
@@ -105,7 +105,8 @@ def _rel(x, ref):
 
 @pytest.mark.parametrize("impl,shared,options", [
     ("scan", True, {}), ("scan", False, {}),
-    ("chunk", True, {"chunk_size": 8}), ("chunk", False, {"chunk_size": 16}),
+    # Per-row m0 here; the shared one's gathers are in test_one_document_is_the_unpacked_op.
+    ("chunk", False, {"chunk_size": 8}),
     ("pallas", True, {}),
     # Rows segments bounds at 13 and 26: inside a document, at a document start and inside a document that spans one.
     ("pallas", False, {"rows_segments": 3}),
@@ -145,8 +146,8 @@ def test_packed_bf16_table_near_documents_alone(x64):
 
 @pytest.mark.parametrize("impl", ["scan", "chunk", "pallas"])
 def test_one_document_is_the_unpacked_op(impl):
-  """Rows that are one document each (ids 3 and 1): the unpacked op, bit for bit (forward)."""
-  x, _, _ = _inputs(4, False)
+  """Rows that are one document each (ids 3 and 1): the unpacked op, bit for bit (forward; m0 shared)."""
+  x, _, _ = _inputs(4, True)
   args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
   ids = jnp.asarray(np.array([[3] * T, [1] * T], np.int32))
   packed = sparse_delta_rule(**args, impl=impl, output_final_state=True, segment_ids=ids)
