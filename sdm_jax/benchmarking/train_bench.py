@@ -7,7 +7,6 @@ through this module's __main__, fla's through `peer_train`), collects their JSON
 """
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -16,34 +15,13 @@ import time
 
 import numpy as np
 
+from sdm_jax.models.costs import mixer_flops_per_token
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 
 # The H200's dense bf16 rate that model FLOPs utilisation is taken against (SPEC.md section 7).
 PEAK_FLOPS = 790e12
 # Cross-entropy targets drawn uniformly: the step's cost does not depend on the tokens.
 NUM_BATCH_SETS = 3
-
-
-def mixer_flops_per_token(model_config, seq_len):
-  """The token mixers' own FLOPs per token, forward + backward (3x forward), over all layers: what
-  6 x parameters leaves out. A delta-rule layer's state work is 6 K V per head (read q S, predict k S,
-  write k z^T) plus its chunk's grams 2 C (K + V) at C = chunk_size; attention's scores and values
-  4 D x the keys a token sees (half the sequence when causal, the window when shorter); SDM's rows
-  2 V (3 W + R) and its sub-key scores 4 sqrt(N) key_dim per head."""
-  from sdm_jax.models.lm import layer_letters
-  c = model_config
-  total = 0.0
-  for letter in layer_letters(c.pattern, c.num_layers):
-    if letter == "D":
-      forward = c.num_heads * (6 * c.head_dim * c.value_dim + 2 * c.chunk_size * (c.head_dim + c.value_dim))
-    elif letter in "SA":
-      seen = seq_len / 2 if letter == "A" else min(c.window, seq_len / 2)
-      forward = c.num_heads * 4 * c.head_dim * seen
-    else:
-      forward = c.sdm_heads * (2 * c.sdm_value_dim * (3 * c.sdm_topk_write + c.sdm_topk_read)
-                               + 4 * math.isqrt(c.sdm_num_slots) * c.sdm_key_dim * 2)
-    total += 3 * forward
-  return total
 
 
 class RandomTokens:

@@ -7,6 +7,10 @@ An example of seq_len T is built as T + 1 tokens and split into next-token pairs
 The context lists num_kv_pairs (key, value) pairs; the query region after it holds num_queries of those keys, each
 at a random pair-aligned slot and followed by its value. Filler is PAD, or random tokens with `noise=True`. Only the
 positions whose next token is a queried value are scored (mask 1).
+
+Zoology's mixed training (min_kv_pairs > 0): each example draws its number of pairs N uniformly from the halvings
+num_kv_pairs, num_kv_pairs / 2, ... down to min_kv_pairs (64, 32, 16, 8, 4 for 64 and 4) and asks
+min(num_queries, N) of them, so one model sees every difficulty up to the largest; the sequence length stays seq_len.
 """
 
 import dataclasses
@@ -33,6 +37,7 @@ class MQARConfig:
   seed: int = 0
   key_range: tuple[int, int] | None = None
   value_range: tuple[int, int] | None = None
+  min_kv_pairs: int = 0  # 0: every example has num_kv_pairs pairs; else the halvings down to it (module docstring)
 
   def __post_init__(self):
     middle = NUM_SPECIAL_TOKENS + (self.vocab_size - NUM_SPECIAL_TOKENS) // 2
@@ -60,6 +65,10 @@ def _check(config):
   if not 1 <= config.num_queries <= config.num_kv_pairs:
     raise ValueError(f"num_queries: expected 1 <= num_queries <= num_kv_pairs = {config.num_kv_pairs}, "
                      f"got {config.num_queries}")
+  if config.min_kv_pairs and not 1 <= config.min_kv_pairs <= config.num_kv_pairs:
+    raise ValueError(f"min_kv_pairs: expected 0 (no mixing) or 1 <= min_kv_pairs <= num_kv_pairs = "
+                     f"{config.num_kv_pairs}, got {config.min_kv_pairs}")
+  # The largest number of pairs needs the most room; fewer pairs leave more slots for fewer queries.
   slots = (config.seq_len + 1 - 2 * config.num_kv_pairs) // 2
   if slots < config.num_queries:
     raise ValueError(f"seq_len: {config.seq_len} leaves room for {max(slots, 0)} query pairs after "
@@ -67,11 +76,25 @@ def _check(config):
                      f"{2 * (config.num_kv_pairs + config.num_queries) - 1}")
 
 
+def kv_pairs_choices(config):
+  """The numbers of key-value pairs an example may hold: (num_kv_pairs,), or its halvings down to min_kv_pairs."""
+  if not config.min_kv_pairs:
+    return (config.num_kv_pairs,)
+  choices, count = [], config.num_kv_pairs
+  while count >= config.min_kv_pairs:
+    choices.append(count)
+    count //= 2
+  return tuple(choices)
+
+
 def make_example(config, split, index):
   """Example `index` of `split`: {"inputs": [T] int32, "targets": [T] int32, "mask": [T] float32}."""
   rng = example_rng(config.seed, split, index)
   (key_low, key_high), (value_low, value_high) = config.key_range, config.value_range
   num_pairs, num_queries, seq_len = config.num_kv_pairs, config.num_queries, config.seq_len
+  if config.min_kv_pairs:  # drawn only when mixing, so the fixed task's examples stay what they were
+    num_pairs = int(rng.choice(kv_pairs_choices(config)))
+    num_queries = min(num_queries, num_pairs)
   keys = key_low + rng.choice(key_high - key_low, num_pairs, replace=False)
   values = value_low + rng.choice(value_high - value_low, num_pairs, replace=False)
   if config.noise:

@@ -43,6 +43,33 @@ def test_examples_are_functions_of_seed_split_and_index():
     assert not np.array_equal(first["inputs"], other["inputs"])
 
 
+def test_mixed_pairs_every_query_answerable_and_only_answers_scored():
+  """Zoology's mixed training: each example holds 16, 8 or 4 pairs, asks min(num_queries, pairs) of them, and the
+  mask is 1 exactly where the next token is a queried key's value."""
+  config = mqar.MQARConfig(vocab_size=8192, seq_len=128, num_kv_pairs=16, num_queries=12, min_kv_pairs=4, seed=1)
+  assert mqar.kv_pairs_choices(config) == (16, 8, 4)
+  (key_low, key_high), (value_low, value_high) = config.key_range, config.value_range
+  seen = set()
+  for index in range(60):
+    example = mqar.make_example(config, "train", index)
+    inputs, targets, mask = example["inputs"], example["targets"], example["mask"]
+    is_key = (inputs >= key_low) & (inputs < key_high)
+    pairs = len(set(inputs[is_key].tolist()))  # keys are distinct, and every query repeats a context key
+    seen.add(pairs)
+    assert np.all(is_key[0:2 * pairs:2]) and np.all(inputs[1:2 * pairs:2] >= value_low)
+    context = dict(zip(inputs[0:2 * pairs:2].tolist(), inputs[1:2 * pairs:2].tolist()))
+    scored = np.flatnonzero(mask)
+    assert mask.sum() == min(12, pairs) and set(np.unique(mask)) <= {0.0, 1.0}
+    assert all(targets[p] == context[inputs[p]] for p in scored)  # every query is answerable from the context
+    queries = np.flatnonzero(is_key[2 * pairs:]) + 2 * pairs
+    np.testing.assert_array_equal(queries, scored)  # no key after the context goes unscored, no other token scored
+  assert seen == {16, 8, 4}
+  fixed = mqar.MQARConfig(vocab_size=128, seq_len=64, num_kv_pairs=8, num_queries=5, seed=3)
+  assert mqar.kv_pairs_choices(fixed) == (8,)
+  with pytest.raises(ValueError, match="min_kv_pairs"):
+    mqar.MQARConfig(vocab_size=128, seq_len=64, num_kv_pairs=8, num_queries=5, min_kv_pairs=9)
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(num_queries=9), "num_queries"),
     (dict(seq_len=20), "seq_len"),

@@ -1,5 +1,7 @@
 """Needle in a haystack: each queried answer sits after its key in the haystack, and exact_match scores it."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,48 @@ def test_bad_configs_raise():
   with pytest.raises(ValueError, match="num_queries"):
     niah.NIAHConfig(num_needles=2, num_queries=3)
   with pytest.raises(ValueError, match="haystack"):
-    niah.NIAHConfig(haystack="essay")
+    niah.NIAHConfig(haystack="novel")
+  with pytest.raises(ValueError, match="value_type"):
+    niah.NIAHConfig(value_type="words")
   with pytest.raises(ValueError, match="corpus"):
     niah.make_example(niah.NIAHConfig(haystack="text"), "train", 0)
+
+
+@pytest.mark.parametrize("task", sorted(niah.RULER_TASKS))
+@pytest.mark.parametrize("seq_len", [1024, 4096])
+def test_ruler_tasks(task, seq_len):
+  """Each of RULER's variants: its haystack, needle count, key and value kinds, one scored answer per query."""
+  fields = niah.RULER_TASKS[task]
+  config = niah.NIAHConfig(seq_len=seq_len, **fields)
+  corpus = niah.load_essays("validation") if config.haystack == "essay" else None
+  uuid = re.compile(rb"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+  for index in range(3):
+    example = niah.make_example(config, "validation", index, corpus=corpus)
+    inputs, mask = example["inputs"], example["mask"]
+    assert inputs.shape == mask.shape == (seq_len,)
+    context = bytes(inputs[:np.flatnonzero(inputs == niah.QUERY_ID)[0]].astype(np.uint8))
+    needles = re.findall(rb"\nOne of the special magic (numbers|uuids) for (\S+) is: (\S+)\.\n", context)
+    assert {kind for kind, _, _ in needles} == {fields["value_type"].encode()}
+    if fields["haystack"] == "needles":  # the haystack is needles: all but a noise prefix shorter than one
+      assert len(needles) == len(context) // niah.needle_length(config) >= 8
+      assert context.startswith(niah.NOISE_TEXT[:len(context) % niah.needle_length(config)])
+    else:
+      assert len(needles) == fields["num_needles"]
+    if fields["haystack"] == "essay":
+      assert b"The grass is green" not in context and context.count(b" the ") > 5  # prose, not the noise
+    keys = [key for _, key, _ in needles]
+    assert len(set(keys)) == len(keys)
+    queries = _queries(example)
+    assert len(queries) == fields["num_queries"] == 1 and mask.sum() == niah.value_bytes(config)
+    (key, answer), = queries
+    assert (key, answer) in {(k, v) for _, k, v in needles} and context.count(key) == 1
+    assert bool(uuid.match(key)) == (fields["key_type"] == "uuids")
+    assert bool(uuid.match(answer)) == (fields["value_type"] == "uuids")
+    if fields["value_type"] == "numbers":
+      assert answer.isdigit() and len(answer) == config.value_length and answer[:1] != b"0"
+
+
+def test_essays_split_by_topic_and_differ_from_the_stdlib_text():
+  train, validation = niah.load_essays("train"), niah.load_essays("validation")
+  assert validation.size > 8192 and train.size > 4 * validation.size
+  assert bytes(validation[:4000]) not in bytes(train)

@@ -1,0 +1,247 @@
+"""The summary of sweeps (sdm_jax.training.sweep): per grid point and evaluation point, each metric's mean over
+seeds and its 95 % t-interval, the model's parameters, FLOPs per token and recurrent state, as JSON, a markdown
+table and plots of accuracy against each swept axis, one line per mixer.
+
+Several sweep workdirs merge into one summary (a grid split over several calls): runs are found by their
+point.json, and the runs of one point from every workdir are pooled (a seed found twice counts once).
+"""
+
+import json
+import math
+import pathlib
+
+import ml_collections
+import numpy as np
+
+from sdm_jax.training import sweep
+
+METRICS = ("accuracy", "exact_match", "loss")
+CONFIDENCE = 0.95
+# A derived x axis: the recurrent state of the whole model (sdm_jax.models.costs).
+STATE_AXIS = "state_elements"
+
+
+def t_interval(values, confidence=CONFIDENCE):
+  """(mean, half-width of the two-sided t-interval of the mean) of `values`; half-width None for one value."""
+  values = np.asarray(values, np.float64)
+  if values.size == 0:
+    raise ValueError("values: expected at least one value")
+  mean = float(values.mean())
+  if values.size == 1:
+    return mean, None
+  from scipy import stats  # a dependency of jax
+  quantile = float(stats.t.ppf(0.5 + confidence / 2, values.size - 1))
+  return mean, quantile * float(values.std(ddof=1)) / math.sqrt(values.size)
+
+
+def mixer_label(model):
+  """What a model mixes tokens with, for legends: the dense mixer's name, 'attention', 'swa', 'sdm', or the
+  letters of a hybrid joined by '+' ('swa+sdm' for SSSM)."""
+  from sdm_jax.models.lm import layer_letters
+  names = {"D": model["mixer"], "S": "swa", "A": "attention", "M": "sdm"}
+  letters = layer_letters(model["pattern"], model["num_layers"])
+  return "+".join(dict.fromkeys(names[letter] for letter in letters))
+
+
+def model_numbers(config):
+  """models.costs.model_numbers of a run's config (shapes only: nothing is allocated)."""
+  from sdm_jax.models.costs import model_numbers as numbers
+  return numbers(ml_collections.ConfigDict(config["model"]), config["data"]["seq_len"])
+
+
+def find_runs(workdirs):
+  """Every run directory (one holding point.json) under the sweep workdirs, sorted."""
+  runs = []
+  for workdir in workdirs:
+    workdir = pathlib.Path(workdir)
+    if not workdir.is_dir():
+      raise ValueError(f"workdirs: {str(workdir)!r} is not a directory")
+    runs += sorted(path.parent for path in workdir.rglob(sweep.POINT))
+  return runs
+
+
+def _key(point):
+  return json.dumps(point, sort_keys=True, default=sweep._jsonable)
+
+
+def collect(workdirs, log=print):
+  """One row per (run, evaluation): the run's point, seed, evaluation point ({} for the training config), metrics,
+  label and model numbers. Runs without a final evaluation are left out (and counted in the log)."""
+  rows, seen, unfinished = [], set(), []
+  numbers_cache = {}
+  for run_dir in find_runs(workdirs):
+    spec = json.loads((run_dir / sweep.POINT).read_text())
+    config = json.loads((run_dir / sweep.RUN_CONFIG).read_text())
+    identity = (_key(spec["point"]), spec["seed"])
+    if identity in seen:
+      log(f"warning: {run_dir}: point and seed already found in an earlier workdir; this copy is left out")
+      continue
+    seen.add(identity)
+    final = sweep._read_json(run_dir / sweep.EVAL)
+    if final is None or final.get("step") != config["train"]["steps"]:
+      unfinished.append(str(run_dir))
+      continue
+    model_key = json.dumps([config["model"], config["data"]["seq_len"]], sort_keys=True)
+    if model_key not in numbers_cache:
+      numbers_cache[model_key] = model_numbers(config)
+    label = spec["point"].get(sweep.VARIANT) or mixer_label(config["model"])
+    base = {"run": str(run_dir), "point": spec["point"], "seed": spec["seed"], "label": label,
+            "mixer": mixer_label(config["model"]), **numbers_cache[model_key]}
+    evaluations = [({}, final)] + [(entry["point"], entry) for entry in sweep._read_json(run_dir / sweep.EVAL_POINTS)
+                                   or []]
+    for eval_point, metrics in evaluations:
+      rows.append({**base, "eval_point": eval_point, **{key: metrics[key] for key in METRICS if key in metrics}})
+  if unfinished:
+    log(f"{len(unfinished)} run(s) without a final evaluation left out: {', '.join(unfinished[:5])}"
+        f"{' ...' if len(unfinished) > 5 else ''}")
+  return rows
+
+
+def aggregate(rows, confidence=CONFIDENCE):
+  """One entry per (grid point, evaluation point): seeds, each metric's mean, interval half-width, min and max."""
+  groups = {}
+  for row in rows:
+    groups.setdefault((_key(row["point"]), _key(row["eval_point"])), []).append(row)
+  points = []
+  for members in groups.values():
+    first = members[0]
+    entry = {key: first[key] for key in ("point", "eval_point", "label", "mixer", "params", "block_params",
+                                         "table_params", "flops_per_token", "state_elements", "state_bytes",
+                                         "state_per_layer")}
+    entry["seeds"] = sorted(row["seed"] for row in members)
+    entry["confidence"] = confidence
+    for metric in METRICS:
+      values = [row[metric] for row in members if row.get(metric) is not None]
+      if values:
+        mean, half = t_interval(values, confidence)
+        entry[metric] = {"mean": mean, "ci": half, "min": min(values), "max": max(values), "values": values}
+    points.append(entry)
+  return points
+
+
+def _axes(points):
+  """(grid fields, evaluation fields) in the order they first appear."""
+  grid = list(dict.fromkeys(field for entry in points for field in entry["point"]))
+  evals = list(dict.fromkeys(field for entry in points for field in entry["eval_point"]))
+  return grid, evals
+
+
+def _fmt_value(value):
+  return "-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _fmt_metric(metric):
+  if metric is None:
+    return "-"
+  ci = "" if metric["ci"] is None else f" ± {metric['ci']:.4f}"
+  return f"{metric['mean']:.4f}{ci}"
+
+
+def format_table(points):
+  """The markdown table: one row per (grid point, evaluation point)."""
+  grid, evals = _axes(points)
+  columns = ["mixer", *grid, *[f"eval {field}" for field in evals], "block params", "FLOPs/token",
+             "state elements", "seeds", "accuracy", "exact match", "loss"]
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for entry in points:
+    cells = [entry["label"], *[_fmt_value(entry["point"].get(field, "-")) for field in grid],
+             *[_fmt_value(entry["eval_point"].get(field, "train")) for field in evals],
+             f"{entry['block_params']:,}", f"{entry['flops_per_token']:,.0f}", f"{entry['state_elements']:,}",
+             str(len(entry["seeds"])), *[_fmt_metric(entry.get(metric)) for metric in METRICS]]
+    lines.append("| " + " | ".join(cells) + " |")
+  pct = round(100 * (points[0]["confidence"] if points else CONFIDENCE))
+  lines.append(f"\nmean ± the half-width of its {pct} % t-interval over seeds (none with one seed); block params: "
+               "the blocks' parameters (no embedding, head or SDM table); FLOPs/token: training, at the run's "
+               "seq_len; state elements: the recurrent state of all layers for one sequence (sdm_jax.models.costs)")
+  return "\n".join(lines)
+
+
+def _numeric(values):
+  return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def plot_axes(points):
+  """The x axes worth a plot: every numeric grid or evaluation field with more than one value, and the state size
+  when it varies."""
+  grid, evals = _axes(points)
+  axes = []
+  for field in grid + evals:
+    where = "point" if field in grid else "eval_point"
+    values = {entry[where].get(field) for entry in points if field in entry[where]}
+    if len(values) > 1 and _numeric(values):
+      axes.append((where, field))
+  if len({entry[STATE_AXIS] for entry in points}) > 1:
+    axes.append((None, STATE_AXIS))
+  return axes
+
+
+def _lines(points, where, field):
+  """{line label: [(x, entry)]}: a line per mixer and per value of every axis other than x (for the state axis,
+  the data and evaluation fields only: the model fields are what moves the state)."""
+  grid, evals = _axes(points)
+  lines = {}
+  for entry in points:
+    if where is None:
+      x = entry[STATE_AXIS]
+      others = {k: v for k, v in entry["point"].items() if k.startswith("data.")} | entry["eval_point"]
+    else:
+      if field not in entry[where]:
+        continue
+      x = entry[where][field]
+      others = {k: v for k, v in (entry["point"] | entry["eval_point"]).items()
+                if k != field and k != sweep.VARIANT and not (where == "eval_point" and k == field)}
+    suffix = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in others.items())
+    lines.setdefault(entry["label"] + (f" ({suffix})" if suffix else ""), []).append((x, entry))
+  return {label: sorted(members, key=lambda member: member[0]) for label, members in lines.items()}
+
+
+def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
+  """Each metric's mean against `field` with its interval as error bars, one line per mixer (and other values)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  metrics = [metric for metric in metrics if any(metric in entry for entry in points)]
+  fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
+  lines = _lines(points, where, field)
+  xs = [x for members in lines.values() for x, _ in members]
+  for ax, metric in zip(axes[0], metrics):
+    for label, members in lines.items():
+      members = [(x, entry[metric]) for x, entry in members if metric in entry]
+      if not members:
+        continue
+      x = [member[0] for member in members]
+      y = [member[1]["mean"] for member in members]
+      err = [member[1]["ci"] or 0.0 for member in members]
+      ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 8:
+      ax.set_xscale("log", base=2)
+    ax.set(xlabel=field if where is not None else "recurrent state elements (all layers)",
+           ylabel=f"{metric.replace('_', ' ')} ({round(100 * CONFIDENCE)} % t-interval over seeds)", ylim=(-0.02, 1.02))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def summarize(workdirs, out, log=print):
+  """Collects the runs under `workdirs`, writes <out>.json, <out>.md and <out>_<axis>.png per plotted axis;
+  returns the aggregated points."""
+  rows = collect(workdirs, log=log)
+  if not rows:
+    raise ValueError(f"workdirs: no finished run under {', '.join(map(str, workdirs))}")
+  points = aggregate(rows)
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  payload = {"workdirs": [str(w) for w in workdirs], "confidence": CONFIDENCE, "points": points, "runs": rows}
+  out.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=sweep._jsonable) + "\n")
+  table = format_table(points)
+  out.with_suffix(".md").write_text(table + "\n")
+  written = [out.with_suffix(".json"), out.with_suffix(".md")]
+  for where, field in plot_axes(points):
+    path = out.with_name(f"{out.name}_{field.split('.')[-1]}.png")
+    plot(points, path, where, field)
+    written.append(path)
+  log(table)
+  log("wrote " + ", ".join(map(str, written)))
+  return points
