@@ -13,9 +13,9 @@ block's midpoint m (the last row of its first half) as
 so each level is one masked dot and no exponent is ever positive (strong decay stays finite; the
 masks are applied before exp). The diagonal pair c = r has decay 1.
 
-The tree stops at blocks of SUB_BLOCK rows: a level of block b fills only b / (4 C) of the [C, C]
-matrix, so the small levels would be full dots for a few entries. Pairs inside one SUB_BLOCK-row
-block are formed elementwise instead, one column offset j at a time: every row r is paired with
+The tree stops at blocks of `sub` rows (the kernels' sub_block launch setting): a level of block b fills only
+b / (4 C) of the [C, C] matrix, so the small levels would be full dots for a few entries. Pairs inside one
+sub-row block are formed elementwise instead, one column offset j at a time: every row r is paired with
 row j of its own block, exp(G_r - G_c) is taken directly (c < r, so the exponent is <= 0) and the
 products are summed over the key channels.
 
@@ -33,7 +33,6 @@ import jax.numpy as jnp
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 # io products of bf16 inputs: operands rounded to bf16, fp32 accumulation (the bf16 error budget is 1e-2).
 BF16_OPERANDS = "bf16 operands"
-SUB_BLOCK = 4  # rows of the blocks whose pairs are formed elementwise (the tree's dots cover larger blocks)
 
 
 class Dots(NamedTuple):
@@ -169,7 +168,7 @@ def level_pairs(xs, y, G, precision, sub, rows):
   return Ms
 
 
-def decayed_grams(xs, y, G, precision, rows, sub=SUB_BLOCK):
+def decayed_grams(xs, y, G, precision, rows, sub):
   """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower).
 
   rows = (y_rows, G_rows): y and G gathered at an index vector ([C] -> [C, K]; in a kernel, loads from the
@@ -181,7 +180,7 @@ def decayed_grams(xs, y, G, precision, rows, sub=SUB_BLOCK):
                                                                                        rows))]
 
 
-def decayed_grams_bwd(pairs, y, G, precision, rows, sub=SUB_BLOCK):
+def decayed_grams_bwd(pairs, y, G, precision, rows, sub):
   """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower; rows as there.
 
   Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair

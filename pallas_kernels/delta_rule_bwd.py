@@ -17,8 +17,11 @@ d/dg: every term is attributed to exactly the log decays it spans (pair terms th
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
 an exclusive cumsum), both as 0/1 dots, never as a difference of two large sums, so a gradient as
 small as exp(-30) keeps its relative precision.
+
+Launch settings: `StatePassBwdSettings` and `IntraChunkBwdSettings` (None: the rule each classmethod holds).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -26,10 +29,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (VALUE_BLOCK, DocumentMasks, backward_settings, chunk_rows_spec,
+from pallas_kernels.delta_rule_fwd import (DocumentMasks, StatePassSettings, check_block_v, chunk_rows_spec,
                                            chunk_spec, columns, document_masks, document_spec, masked, params,
-                                           seq_spec, split_documents, state_block_v, state_dot, state_spec,
-                                           state_stages, states_spec)
+                                           seq_spec, split_documents, state_dot, state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, Aqk_ref, do_ref, dht_ref, dr_ref,
@@ -49,17 +51,25 @@ def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, 
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "num_warps", "num_stages", "interpret"))
-def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, block_v=None, num_warps=4, num_stages=None,
-                   interpret=False):
+@dataclasses.dataclass(frozen=True)
+class StatePassBwdSettings(StatePassSettings):
+  """Launch settings of `state_pass_bwd`: the forward pass's fields and its rule (`StatePassSettings.for_shape`,
+  with d_o's dtype), both measured on the two passes together."""
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size", "settings", "interpret"))
+def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
   [B, H, N, K, V] fp32. chunks: the `ChunkTensors` from `intra_chunk` (reads q_decayed, u_decayed, decay_last,
-  Y and Aqk); d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32."""
+  Y and Aqk); d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32. settings: `StatePassBwdSettings`
+  (None: its rule for these shapes)."""
   c = chunks
   B, T, H, K = c.q_decayed.shape
   V = d_o.shape[-1]
   N = T // chunk_size
-  block_v = state_block_v(B, H, V, block_v)
+  s = StatePassBwdSettings.for_shape(chunk_size, B, H, K, V, d_o.dtype) if settings is None else settings
+  check_block_v(s, V)
+  block_v = s.block_v
   return pl.pallas_call(
       functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
                         sdot=state_dot(c.Y.dtype, interpret)),
@@ -69,14 +79,14 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, block_v=None, num_
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
-      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, d_o.dtype.itemsize, num_stages)),
+      compiler_params=params(s.num_warps, s.num_stages),
       interpret=interpret,
       name="delta_rule_state_pass_bwd",
   )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.Aqk, d_o, d_final_state)
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_ref, ds_ref, do_ref, dr_ref, *refs,
-                            scale, key_block, packed, interpret):
+                            scale, key_block, value_block, packed, interpret):
   """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`). packed: refs start with the chunk's documents, and every
   decay the forward masked (`DocumentMasks`) is masked here too, so the gradients, dg included, are those of
   the masked chunk form; pass 4 then needs no masks (dT and dAqk are 0 across documents)."""
@@ -86,7 +96,7 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
   near, io, _ = cm.precisions(z_ref.dtype, interpret)
   C, K = q_ref.shape
   V = z_ref.shape[-1]
-  kb, vb = min(key_block, K), min(VALUE_BLOCK, V)
+  kb, vb = min(key_block, K), min(value_block, V)
   rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
   zeros = jnp.zeros((C, C), f32)
 
@@ -166,11 +176,33 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg
   de_ref[...] = (d_e + parts_ref[0]).astype(de_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "key_block", "sub_block", "num_warps",
-                                             "pair_key_block", "pair_warps", "num_stages", "interpret"))
-def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, key_block=None,
-                    sub_block=cm.SUB_BLOCK, num_warps=None, pair_key_block=None, pair_warps=None,
-                    num_stages=None, documents=None, interpret=False):
+@dataclasses.dataclass(frozen=True)
+class IntraChunkBwdSettings:
+  """Launch settings of `intra_chunk_bwd`. Passes 1 to 3: key_block key and value_block value channels per step,
+  num_warps warps, num_stages Triton pipelining stages of its channel-block loops. Pass 4 (pair_bwd): one key
+  block of pair_key_block channels per program, pair_warps warps, the pairs inside blocks of sub_block rows
+  formed elementwise (`chunk_math`). A block wider than K or V takes all of it."""
+  key_block: int
+  value_block: int
+  num_warps: int
+  num_stages: int
+  pair_key_block: int
+  pair_warps: int
+  sub_block: int
+
+  @classmethod
+  def default(cls, chunk_size):
+    """The fastest measured on the H200 at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+    # key blocks and warps: benchmarks/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
+    # 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md; value_block not swept.
+    warps = 2 if chunk_size <= 32 else 4
+    return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
+               sub_block=4)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "settings", "interpret"))
+def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, chunk_size, documents=None,
+                    settings=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   G: `chunk_cumsum(g)`; A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the
@@ -178,18 +210,14 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   `state_pass_bwd`; documents: None, or the [B, T] int32 the forward's `intra_chunk` read (packed sequences).
   dg is the gradient with respect to the g the forward's cumsum G summed; at a document start that g has no
   effect, and the op's masking of it gives it exactly 0.
-  Two launches: passes 1 to 3 per chunk (key_block channels at a time, num_warps), then pass 4 per chunk and
-  key block of pair_key_block channels (pair_warps); num_stages: Triton pipelining stages of the first launch's
-  channel-block loops. Settings left None: `backward_settings`.
+  Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block. settings: `IntraChunkBwdSettings`
+  (None: its default for chunk_size).
   """
-  default = backward_settings(chunk_size)
-  key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
-  pair_key_block, pair_warps = pair_key_block or default["pair_key_block"], pair_warps or default["pair_warps"]
-  num_stages = num_stages or default["num_stages"]
+  s = IntraChunkBwdSettings.default(chunk_size) if settings is None else settings
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
-  kb, pkb = min(key_block, K), min(pair_key_block, K)
+  kb, pkb = min(s.key_block, K), min(s.pair_key_block, K)
   sq = pl.squeezed
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
@@ -197,7 +225,8 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   packed = documents is not None
   extra = ((documents,), [document_spec(C)]) if packed else ((), [])
   dz, dg, parts, d_t, d_Aqk = pl.pallas_call(
-      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, packed=packed, interpret=interpret),
+      functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, value_block=s.value_block,
+                        packed=packed, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
                  jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32), pairs, pairs),
       grid=(B, H, T // C),
@@ -205,20 +234,20 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
                                          chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)] + extra[1],
       out_specs=(chunk_spec(C, V), chunk_spec(C, K), pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0)),
                  chunk_spec(C, C), chunk_spec(C, C)),
-      compiler_params=params(num_warps, num_stages),
+      compiler_params=params(s.num_warps, s.num_stages),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
   )(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *extra[0])
   block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
   pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
   dq, du, de, dg = pl.pallas_call(
-      functools.partial(_pair_bwd_kernel, scale=scale, sub_block=sub_block, interpret=interpret),
+      functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),),
       grid=(B, H, T // C, K // pkb),
       in_specs=[block] * 4 + [pair] * 2 + [pl.BlockSpec((3, sq, C, sq, pkb), lambda b, h, n, i: (0, b, n, h, i)), block],
       out_specs=(block,) * 4,
       input_output_aliases={7: 3},
-      compiler_params=params(pair_warps),
+      compiler_params=params(s.pair_warps),
       interpret=interpret,
       name="delta_rule_pair_bwd",
   )(q, u, e, G, d_t, d_Aqk, parts, dg)

@@ -5,8 +5,7 @@ Four launches:
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and Aqk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
               exponent <= 0; a decay shared by all channels, GDN's, needs only plain dots times one
-              [C, C] decay matrix: GDN's op forward 0.927 -> 0.701 ms at B 4, T 4096, H 16 on the H200,
-              benchmarks/2026-11-30_h200_session12.md).
+              [C, C] decay matrix, faster for GDN's op forward: benchmarks/2026-11-30_h200_session12.md).
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
@@ -27,9 +26,12 @@ g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`;
 fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
 state_pass the state entering every chunk [B, H, N, K, V] fp32.
 
-Between the kernels the per-chunk tensors travel as one `ChunkTensors`, selected by name.
+Between the kernels the per-chunk tensors travel as one `ChunkTensors`, selected by name. Each launching function
+takes its launch settings as one frozen dataclass (`ChunkCumsumSettings`, `IntraChunkSettings`,
+`StatePassSettings`; None: the rule its classmethod holds, beside the measurement it came from).
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
@@ -40,33 +42,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.mixer_inputs import FORMED, row_norms
-
-
-# Launch settings of the per-chunk kernels by chunk size, the fastest measured on the H200 (chunk 64: 2026-11-30,
-# benchmarks/2026-11-30_h200_session7.md; chunk 32 with 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md;
-# chunk 16 takes chunk 32's, untimed): key channels per step ([C, block] tiles stay in registers) and warps.
-KEY_BLOCK = 32
-SOLVE_BLOCK = 64
-# solved's channel-block loops in 2 Triton stages: gram_solve and solved 0.592 -> 0.584 ms at chunk 32, B 4, T 4096,
-# H 16, bf16 (2026-11-30, benchmarks/2026-11-30_h200_session10.md).
-SOLVE_STAGES = 2
-
-
-def forward_settings(chunk_size):
-  """gram_solve's key_block and num_warps."""
-  return dict(key_block=32, num_warps=2) if chunk_size <= 32 else dict(key_block=32, num_warps=4)
-
-
-def backward_settings(chunk_size):
-  """intra_chunk_bwd's key_block, num_warps, pair_key_block, pair_warps and num_stages (Triton pipelining of its
-  first launch's channel-block loops: 2 stages took that launch and pair_bwd together from 4.387 to 3.649 ms at
-  chunk 32 and from 3.771 to 3.586 at chunk 64, B 4, T 4096, H 16, bf16; 2026-11-30,
-  benchmarks/2026-11-30_h200_session9.md)."""
-  warps = 2 if chunk_size <= 32 else 4
-  return dict(key_block=KEY_BLOCK, num_warps=warps, pair_key_block=KEY_BLOCK, pair_warps=warps, num_stages=2)
-
-
-VALUE_BLOCK = 32
 
 
 class ChunkTensors(NamedTuple):
@@ -259,15 +234,29 @@ def _chunk_cumsum_kernel(g_ref, G_ref):
   G_ref[...] = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
 
 
-def chunk_cumsum(g, chunk_size, interpret=False, num_warps=4):
+@dataclasses.dataclass(frozen=True)
+class ChunkCumsumSettings:
+  """Launch settings of `chunk_cumsum` (one chunk of one head per program): its warps."""
+  num_warps: int
+
+  @classmethod
+  def default(cls):
+    # 2, 4 and 8 warps within a few percent of each other at chunk 32 and 64 on the H200 (call 1's prep step,
+    # benchmarks/2026-11-30_h200_session10.md; benchmarks/scripts/probe_prep.py).
+    return cls(num_warps=4)
+
+
+def chunk_cumsum(g, chunk_size, interpret=False, *, settings=None):
   """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program.
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
-  plain loads. (XLA's cumsum of the same array took 0.160 ms at B 4, T 4096, H 16, K 128 on the H200.)"""
+  plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/2026-11-30_h200_session9.md).
+  settings: `ChunkCumsumSettings` (None: its default)."""
+  settings = ChunkCumsumSettings.default() if settings is None else settings
   B, T, H, K = g.shape
   return pl.pallas_call(_chunk_cumsum_kernel, out_shape=jax.ShapeDtypeStruct(g.shape, jnp.float32),
                         grid=(B, H, T // chunk_size), in_specs=[chunk_spec(chunk_size, K)],
-                        out_specs=chunk_spec(chunk_size, K), compiler_params=params(num_warps), interpret=interpret,
-                        name="delta_rule_chunk_cumsum")(g)
+                        out_specs=chunk_spec(chunk_size, K), compiler_params=params(settings.num_warps),
+                        interpret=interpret, name="delta_rule_chunk_cumsum")(g)
 
 
 def params(num_warps, num_stages=1):
@@ -286,14 +275,36 @@ def chunk_row_spec(K):
   return pl.BlockSpec((pl.squeezed, pl.squeezed, pl.squeezed, K), lambda b, h, n: (b, n, h, 0))
 
 
-@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "key_block",
-                                             "sub_block", "num_warps", "solve_key_block", "solve_value_block",
-                                             "solve_warps", "num_stages", "solve_stages", "scalar_decay",
-                                             "interpret"))
-def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, key_block=None,
-                sub_block=cm.SUB_BLOCK, num_warps=None, solve_key_block=SOLVE_BLOCK, solve_value_block=SOLVE_BLOCK,
-                solve_warps=4, num_stages=1, solve_stages=SOLVE_STAGES, scalar_decay=False, documents=None,
-                interpret=False):
+@dataclasses.dataclass(frozen=True)
+class IntraChunkSettings:
+  """Launch settings of `intra_chunk`. gram_solve: key_block key channels per step (its [C, key_block] tiles stay
+  in registers), the pairs inside blocks of sub_block rows formed elementwise (`chunk_math`), num_warps warps and
+  num_stages Triton pipelining stages of its channel-block loop. solved: solve_key_block / solve_value_block
+  channels per step, solve_warps warps, solve_stages stages. A block wider than K or V takes all of it."""
+  key_block: int
+  sub_block: int
+  num_warps: int
+  solve_key_block: int
+  solve_value_block: int
+  solve_warps: int
+  num_stages: int
+  solve_stages: int
+
+  @classmethod
+  def default(cls, chunk_size):
+    """The fastest measured on the H200 at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+    # key_block and warps: benchmarks/2026-11-30_h200_session7.md (section 4; chunk 64), then key_block 32 at
+    # chunk 32 with 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md; solve blocks 64 at 4 warps:
+    # benchmarks/2026-11-30_h200_session7.md (call 2) and benchmarks/2026-11-30_h200_session10.md; solved's 2
+    # stages: benchmarks/2026-11-30_h200_session10.md.
+    return cls(key_block=32, sub_block=4, num_warps=2 if chunk_size <= 32 else 4, solve_key_block=64,
+               solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2)
+
+
+@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse",
+                                             "scalar_decay", "settings", "interpret"))
+def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False,
+                scalar_decay=False, documents=None, settings=None, interpret=False):
   """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
   value-side array), decay_last, and with save_inverse A (else A is None).
@@ -301,12 +312,10 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   chunk (the state is reset before a start, so its g has no effect; the op passes 0): both launches read it and mask the decays that
   span a start (`DocumentMasks`). Without it the kernels are the unpacked ones.
 
-  Two launches: gram_solve (key_block channels at a time, num_warps; None: `forward_settings`) writes A and
-  Aqk; solved reads A (solve_key_block / solve_value_block channels at a time, solve_warps). num_stages and
-  solve_stages: Triton pipelining stages of their channel-block loops. scalar_decay: g is the same in every
-  channel (GDN, broadcast), so gram_solve forms the grams as plain dots times one decay matrix."""
-  default = forward_settings(chunk_size)
-  key_block, num_warps = key_block or default["key_block"], num_warps or default["num_warps"]
+  Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its default
+  for chunk_size). scalar_decay: g is the same in every channel (GDN, broadcast), so gram_solve forms the grams as
+  plain dots times one decay matrix."""
+  s = IntraChunkSettings.default(chunk_size) if settings is None else settings
   io_dtype = jnp.dtype(io_dtype or arrays[1].dtype)
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
@@ -319,21 +328,21 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   if packed:
     specs, arrays = [document_spec(C)] + specs, (documents, *arrays)
   A, Aqk = pl.pallas_call(
-      functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=key_block, sub_block=sub_block,
+      functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=s.key_block, sub_block=s.sub_block,
                         scalar_decay=scalar_decay, packed=packed, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
-      compiler_params=params(num_warps, num_stages), interpret=interpret,
+      compiler_params=params(s.num_warps, s.num_stages), interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
   Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
-      functools.partial(_solved_kernel, form=form, scale=scale, key_block=solve_key_block,
-                        value_block=solve_value_block, packed=packed, interpret=interpret),
+      functools.partial(_solved_kernel, form=form, scale=scale, key_block=s.solve_key_block,
+                        value_block=s.solve_value_block, packed=packed, interpret=interpret),
       out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
       grid=grid,
       in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 2 + specs,
       out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
-      compiler_params=params(solve_warps, solve_stages), interpret=interpret,
+      compiler_params=params(s.solve_warps, s.solve_stages), interpret=interpret,
       name="delta_rule_solved")(A, q, G, *arrays)
   return ChunkTensors(Y=Y, U=U, Aqk=Aqk, q_decayed=q_decayed, u_decayed=u_decayed, decay_last=decay_last,
                       A=A if save_inverse else None)
@@ -369,52 +378,57 @@ def shared_memory_bytes():
   return SHARED_MEMORY.get(getattr(jax.devices()[0], "compute_capability", None), SHARED_MEMORY_DEFAULT)
 
 
-def state_stages(chunk_size, K, block_v, itemsize, num_stages=None, shared_memory=None):
-  """Triton software-pipelining stages of the state passes' chunk loop: the next chunks' loads ([C, K] q~, u~,
-  Y, [C, C] Aqk, [C, block_v] U or dO, each stage C (3K + C + block_v) itemsize bytes of shared memory)
-  overlap this chunk's dots. Up to 3, as many as fit with 16 KiB to spare; at least 1.
+@dataclasses.dataclass(frozen=True)
+class StatePassSettings:
+  """Launch settings of `state_pass` (grid B x H x V / block_v): block_v value columns per program, num_warps,
+  and num_stages Triton software-pipelining stages of the chunk loop (the next chunks' loads overlap this chunk's
+  dots)."""
+  block_v: int
+  num_warps: int
+  num_stages: int
 
-  On the H200 (2026-11-30, benchmarks/2026-11-30_h200_session8.md), bf16, 1 / 2 / 3 stages:
-  B 1, T 16384, chunk 32: state_pass 1.729 / 0.878 / 0.644 ms, state_pass_bwd 1.856 / 1.007 / 0.801;
-  chunk 64: 1.009 / 0.542 / 0.385, backward 1.064 / 0.596 / 0.499. B 4, T 4096, chunk 32: 0.519 / 0.312 / 0.250,
-  backward 0.666 / 0.412 / 0.366. A request above the limit fails at compile time (chunk 128 bf16 at 2 stages
-  asked 282,624 bytes of 232,448; fp32 chunk 64 at 3, 286,720).
-  """
-  if num_stages is None:
-    per_stage = chunk_size * (3 * K + chunk_size + block_v) * itemsize
-    budget = (shared_memory or shared_memory_bytes()) - 16 * 1024
-    num_stages = int(min(3, max(1, budget // per_stage)))
-  return num_stages
+  @classmethod
+  def for_shape(cls, chunk_size, B, H, K, V, io_dtype, *, block_v=None, num_stages=None, shared_memory=None):
+    """The rule for q~ [B, T, H, K] and U [B, T, H, V] in io_dtype. block_v and num_stages given are kept (block_v
+    at most V) and the stages follow block_v.
+
+    block_v: the widest of 64, 32, 16 that leaves at least 128 programs (else 16). Every program of a head reads
+    that head's whole [C, K] tiles, so narrow tiles cost reads; wide ones leave SMs idle.
+    num_stages: each stage holds the next chunk's [C, K] q~, u~, Y, [C, C] Aqk and [C, block_v] U or dO,
+    C (3K + C + block_v) itemsize bytes of shared memory; up to 3, as many as fit with 16 KiB to spare, at least 1
+    (a request above the limit fails at compile time). shared_memory: the bytes one program may use (None: those
+    of this machine's first device, `shared_memory_bytes`)."""
+    # block_v: both state passes over block_v 16 / 32 / 64 and B 1 to 8 at H 16 on the H200,
+    # benchmarks/2026-11-30_h200_session12.md (section 3); 4 warps beat 2 and 8 there. Stages: 1 / 2 / 3 stages of
+    # both passes, and the compile failures above the limit, benchmarks/2026-11-30_h200_session8.md.
+    if block_v is None:
+      block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= 128), 16)
+    block_v = min(block_v, V)
+    if num_stages is None:
+      per_stage = chunk_size * (3 * K + chunk_size + block_v) * jnp.dtype(io_dtype).itemsize
+      budget = (shared_memory or shared_memory_bytes()) - 16 * 1024
+      num_stages = int(min(3, max(1, budget // per_stage)))
+    return cls(block_v=block_v, num_warps=4, num_stages=num_stages)
 
 
-def state_block_v(B, H, V, block_v=None, programs=128):
-  """Value columns per program of the state passes (grid B x H x V / block_v): the widest of 64, 32, 16 that
-  leaves at least `programs` programs (else 16). Every program of a head reads that head's whole [C, K] tiles, so
-  narrow tiles cost reads; wide ones leave SMs idle.
-
-  On the H200 (K = V = 128, H 16, bf16, chunk 32, 4 warps; 2026-11-30, benchmarks/2026-11-30_h200_session12.md),
-  ms at block_v 16 / 32 / 64 (the rule's pick marked *):
-  state_pass:  B 4 T 4096 0.499 / 0.254 / 0.206*, B 2 T 8192 0.397 / 0.365* / 0.419, B 1 T 16384 0.644* / 0.720
-  / 0.831; state_pass_bwd: B 8 T 2048 0.592 / 0.400 / 0.293*, B 4 T 4096 0.550 / 0.367 / 0.369*, B 2 T 8192
-  0.548 / 0.512* / 0.653, B 1 T 16384 0.782* / 0.933 / 1.325, B 1 T 32768 1.561* / 1.878 / 2.638."""
-  if block_v is None:
-    block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= programs), 16)
-  return min(block_v, V)
+def check_block_v(settings, V):
+  if V % settings.block_v:
+    raise ValueError(f"settings.block_v: expected a divisor of V = {V}, got {settings.block_v}")
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "block_v", "save_states", "num_warps", "num_stages",
-                                             "interpret"))
-def state_pass(chunks, initial_state, *, chunk_size, block_v=None, save_states=False, num_warps=4, num_stages=None,
-               interpret=False):
+@functools.partial(jax.jit, static_argnames=("chunk_size", "save_states", "settings", "interpret"))
+def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings=None, interpret=False):
   """Sequential over chunks, reading the `ChunkTensors` from `intra_chunk` but A: o [B, T, H, V] in U's dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
-  fp32 and R = U - Y S [B, T, H, V] fp32."""
+  fp32 and R = U - Y S [B, T, H, V] fp32. settings: `StatePassSettings` (None: its rule for these shapes)."""
   c = chunks
   B, T, H, K = c.q_decayed.shape
   V = c.U.shape[-1]
   io = c.U.dtype
   N = T // chunk_size
-  block_v = state_block_v(B, H, V, block_v)
+  s = StatePassSettings.for_shape(chunk_size, B, H, K, V, io) if settings is None else settings
+  check_block_v(s, V)
+  block_v = s.block_v
   out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
@@ -427,13 +441,13 @@ def state_pass(chunks, initial_state, *, chunk_size, block_v=None, save_states=F
       in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
-      compiler_params=params(num_warps, state_stages(chunk_size, K, block_v, io.itemsize, num_stages)),
+      compiler_params=params(s.num_warps, s.num_stages),
       interpret=interpret,
       name="delta_rule_state_pass",
   )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.U, c.Aqk, initial_state)
 
 
-def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_v=None, interpret=False):
+def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, interpret=False):
   """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
@@ -441,4 +455,4 @@ def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, block_
   """
   G = chunk_cumsum(g, chunk_size, interpret)
   chunks = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, interpret=interpret)
-  return state_pass(chunks, initial_state, chunk_size=chunk_size, block_v=block_v, interpret=interpret)
+  return state_pass(chunks, initial_state, chunk_size=chunk_size, interpret=interpret)

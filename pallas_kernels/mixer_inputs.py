@@ -7,13 +7,14 @@ A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates)
   no kernel reads them back.
 - `mixer_inputs`: one Pallas launch per (batch, head, block of rows) reads each input once and writes q, u, e,
   z in the io dtype, which the backward kernels read again. The forward for gradients uses it. Done by XLA,
-  the l2norm of q and k, build and the casts were three or four fusions that read k twice (0.162 ms of the
-  4x4096 GDN-2 forward on the H200, 2026-11-30, benchmarks/2026-11-30_h200_session9.md).
+  the l2norm of q and k, build and the casts were three or four fusions that read k twice (slower on the H200:
+  benchmarks/2026-11-30_h200_session9.md). Its launch settings: `MixerInputsSettings`.
 
 The backward of both is XLA's: autodiff of `reference_inputs`, the same arithmetic on whole arrays (which is
 also how the other impls form their inputs). g is not read here; it goes to the rule as it is.
 """
 
+import dataclasses
 import functools
 from typing import Callable, NamedTuple
 
@@ -23,10 +24,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jax.extend.core import Var
 
-# Tokens per program and its warps. On the H200 (GDN-2 inputs, 4x4096, H 16, bf16) 16 to 64 rows at 4 or 8 warps
-# all took 0.146-0.150 ms against a byte floor of 0.126 and XLA's 0.161 (2026-11-30, session 10 call 1,
-# benchmarks/2026-11-30_h200_session10.md; benchmarks/scripts/probe_prep.py).
-ROWS, WARPS = 32, 4
 EPS = 1e-6
 
 
@@ -157,15 +154,32 @@ def fits(q, v):
   return all(d >= 16 and d & (d - 1) == 0 for d in (q.shape[-1], v.shape[-1]))
 
 
-def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, rows=ROWS, num_warps=WARPS, interpret=False):
-  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of `rows` tokens per program
-  (a power of two). Not differentiable itself: impl="pallas" differentiates `reference_inputs` instead.
+@dataclasses.dataclass(frozen=True)
+class MixerInputsSettings:
+  """Launch settings of `mixer_inputs`: rows tokens per program (a power of two) and its warps."""
+  rows: int
+  num_warps: int
+
+  @classmethod
+  def default(cls):
+    # 16 to 64 rows at 4 or 8 warps all within a few percent of each other, near the byte floor, for GDN-2 and
+    # KDA inputs on the H200 (call 1's prep step, benchmarks/2026-11-30_h200_session10.md;
+    # benchmarks/scripts/probe_prep.py).
+    return cls(rows=32, num_warps=4)
+
+
+def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, settings=None, interpret=False):
+  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of settings.rows tokens per
+  program (`MixerInputsSettings`; None: its default). Not differentiable itself: impl="pallas" differentiates
+  `reference_inputs` instead.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
   as `fits` says). Inputs the kernel does not take go to `reference_inputs`.
   """
+  settings = MixerInputsSettings.default() if settings is None else settings
+  rows = settings.rows
   if rows < 1 or rows & (rows - 1):
-    raise ValueError(f"rows: expected a power of two, got {rows}")
+    raise ValueError(f"settings.rows: expected a power of two, got {rows}")
   io_dtype = jnp.dtype(io_dtype)
   if not fits(q, v):
     return reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates)
@@ -181,6 +195,6 @@ def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, rows=ROWS, num
       out_shape=out, grid=(B, H, Tp // rows),
       in_specs=[_block(x, rows) for x in (q, k, v, *gates)],
       out_specs=tuple(_block(x, rows) for x in out),
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret,
+      compiler_params=pltriton.CompilerParams(num_warps=settings.num_warps, num_stages=1), interpret=interpret,
       name="mixer_inputs")(q, k, v, *gates)
   return tuple(x[:, :T] for x in outs)

@@ -10,8 +10,10 @@ One launch, grid (H, M / block_rows); each program takes block_rows query rows o
      power of two): max, the earliest candidate reaching it, its slot, then masked to -inf.
   3. The softmax over the k recorded scores.
 Triton has no sort, top_k or gather, and cannot slice a register tile, hence the rounds and masks.
+Launch settings: `ProductKeySettings`.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -124,31 +126,54 @@ def _address_kernel(x1_ref, x2_ref, c1_ref, c2_ref, rank1_ref, rank2_ref, idx_re
   weights_ref[...] = unnormalised / jnp.sum(unnormalised, axis=1, keepdims=True)
 
 
-def _num_warps(block_rows, n_pad, num_candidates):
-  # Live register tiles: one half's scores plus candidate sums and slots; aim for <= ~64 words a thread each.
-  elements = block_rows * (n_pad + 2 * num_candidates)
-  return min(16, max(4, _pow2(-(-elements // (32 * 64)), floor=1)))
+def _num_candidates(k, n):
+  """The rank pairs of `candidate_rank_pairs`, padded to a power of two."""
+  return _pow2(len(candidate_rank_pairs(k, min(k, n))[0]))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "block_rows", "block_cols", "num_warps", "interpret"))
-def product_key_address(x1, x2, c1, c2, k, *, block_rows=16, block_cols=128, num_warps=None, interpret=False):
+@dataclasses.dataclass(frozen=True)
+class ProductKeySettings:
+  """Launch settings of `product_key_address`: block_rows query rows per program, sub-key score tiles of
+  block_cols columns (both powers of two >= 16, block_cols at most the padded n) and the program's warps."""
+  block_rows: int
+  block_cols: int
+  num_warps: int
+
+  @classmethod
+  def for_shape(cls, n, k):
+    """The rule for n sub-keys per half and k selected slots."""
+    # Not swept: impl="xla" stays the default, the kernel being far slower than XLA's top-k path on the H200
+    # (benchmarks/2026-11-30_h200_session11.md). num_warps: the live register tiles (one half's scores plus the
+    # candidate sums and slots) at <= ~64 words a thread each.
+    block_rows, n_pad = 16, _pow2(n)
+    elements = block_rows * (n_pad + 2 * _num_candidates(k, n))
+    return cls(block_rows=block_rows, block_cols=min(128, n_pad),
+               num_warps=min(16, max(4, _pow2(-(-elements // (32 * 64)), floor=1))))
+
+
+@functools.partial(jax.jit, static_argnames=("k", "settings", "interpret"))
+def product_key_address(x1, x2, c1, c2, k, *, settings=None, interpret=False):
   """Product-key addressing for every row and head: the k best slots, their softmax weights and scores.
 
   x1, x2: [M, H, D] query halves; c1, c2: [H, n, D] sub-key tables (one dtype for all four; float32
   products are near-fp32, 16-bit ones accumulate in float32). k: static int in [1, n * n].
   Returns idx [M, H, k] int32 (slot a * n + b, best first), weights [M, H, k] float32 (softmax of the
   selected scores) and scores [M, H, k] float32, with the tie order of product_key_topk.
-  M, n and D need not be powers of two (padded here); block_rows and block_cols must be (>= 16).
+  M, n and D need not be powers of two (padded here). settings: `ProductKeySettings` (None: its rule for n, k).
   """
   M, H, D = x1.shape
   n = c1.shape[1]
   if not 1 <= k <= n * n:
     raise ValueError(f"k: expected 1 <= k <= n * n = {n * n}, got {k}")
+  settings = ProductKeySettings.for_shape(n, k) if settings is None else settings
+  block_rows, block_cols = settings.block_rows, settings.block_cols
   rank1, rank2 = candidate_rank_pairs(k, min(k, n))
-  num_candidates = _pow2(len(rank1))
+  num_candidates = _num_candidates(k, n)
   pad_ranks = lambda r: jnp.asarray(np.pad(r, (0, num_candidates - len(r)), constant_values=-1))
   m_pad, d_pad, n_pad, k_pad = -(-M // block_rows) * block_rows, _pow2(D), _pow2(n), _pow2(k)
-  block_cols = min(block_cols, n_pad)
+  if n_pad % block_cols:
+    raise ValueError(f"settings.block_cols: expected a power of two at most {n_pad} (n = {n} padded), "
+                     f"got {block_cols}")
   # Zero rows and channels change no score; padded sub-keys are masked inside the kernel.
   x1, x2 = (jnp.pad(x, ((0, m_pad - M), (0, 0), (0, d_pad - D))) for x in (x1, x2))
   c1, c2 = (jnp.pad(c, ((0, 0), (0, n_pad - n), (0, d_pad - D))) for c in (c1, c2))
@@ -156,8 +181,6 @@ def product_key_address(x1, x2, c1, c2, k, *, block_rows=16, block_cols=128, num
     precision = jax.lax.Precision.HIGHEST  # the CPU interpreter only knows HIGHEST
   else:
     precision = F32_DOT if x1.dtype == jnp.float32 else None
-  if num_warps is None:
-    num_warps = _num_warps(block_rows, n_pad, num_candidates)
 
   sq = pl.squeezed
   query_spec = pl.BlockSpec((block_rows, sq, d_pad), lambda h, i: (i, h, 0))
@@ -171,7 +194,7 @@ def product_key_address(x1, x2, c1, c2, k, *, block_rows=16, block_cols=128, num
       grid=(H, m_pad // block_rows),
       in_specs=[query_spec, query_spec, table_spec, table_spec, rank_spec, rank_spec],
       out_specs=(out_spec, out_spec, out_spec),
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+      compiler_params=pltriton.CompilerParams(num_warps=settings.num_warps, num_stages=1),
       interpret=interpret,
       name="product_key_address",
   )(x1, x2, c1, c2, pad_ranks(rank1), pad_ranks(rank2))

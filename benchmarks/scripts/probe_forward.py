@@ -16,6 +16,7 @@ Parts (FORWARD_PARTS, default state,backward), per shape:
 GDN-2 inputs already formed (q, u, e, z bf16, g fp32), K = V = 128. Median of 10 warm runs over 3 rotated input
 sets (`timing.median_ms`, device time on the GPU).
 """
+import dataclasses
 import os
 import sys
 import warnings
@@ -26,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_bwd import state_pass_bwd
-from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.delta_rule_bwd import StatePassBwdSettings, state_pass_bwd
+from pallas_kernels.delta_rule_fwd import StatePassSettings, chunk_cumsum, intra_chunk, state_pass
 
 from probe_common import Timer, gdn2_probe
 
@@ -45,8 +46,9 @@ for shape in sys.argv[1:]:
       passes.append((intra_chunk(q, (u, z, e), chunk_cumsum(g, C, interpret), scale=scale, **kw), h0))
     for bv in BLOCKS:
       for warps in WARPS:
+        state = dataclasses.replace(StatePassSettings.for_shape(C, B, H, K, K, dtype, block_v=bv), num_warps=warps)
         timed(f"{shape} C={C} state_pass bv={bv} warps={warps}",
-              lambda *a, bv=bv, warps=warps: state_pass(*a, block_v=bv, num_warps=warps, **kw), passes)
+              lambda *a, state=state: state_pass(*a, settings=state, **kw), passes)
     del passes
 
   kw = dict(chunk_size=32, interpret=interpret)
@@ -75,9 +77,11 @@ for shape in sys.argv[1:]:
     chunks = intra_chunk(*chunk_sets[0], scale=scale, **kw)
     d_o = chunks.U
     for bv in BLOCKS:
+      state = StatePassSettings.for_shape(32, B, H, K, K, dtype, block_v=bv)
       timed(f"{shape} C=32 state_pass save_states bv={bv}",
-            lambda *a, bv=bv: state_pass(*a, block_v=bv, save_states=True, **kw), [(chunks, h0)])
-      timed(f"{shape} C=32 state_pass_bwd bv={bv}", lambda *a, bv=bv: state_pass_bwd(*a, block_v=bv, **kw),
+            lambda *a, state=state: state_pass(*a, settings=state, save_states=True, **kw), [(chunks, h0)])
+      state = StatePassBwdSettings.for_shape(32, B, H, K, K, dtype, block_v=bv)
+      timed(f"{shape} C=32 state_pass_bwd bv={bv}", lambda *a, state=state: state_pass_bwd(*a, settings=state, **kw),
             [(chunks, d_o, h0)])
   del sets, chunk_sets
 

@@ -6,6 +6,7 @@ settings: `mixer_inputs` (l2norm, a mixer's build, the io cast) for GDN-2 and KD
 
 K = V = 128, bf16 inputs, fp32 g. Median of 10 warm runs over 3 rotated input sets (`timing.median_ms`).
 """
+import dataclasses
 import os
 import sys
 import warnings
@@ -16,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.delta_rule_fwd import chunk_cumsum
-from pallas_kernels.mixer_inputs import mixer_inputs, reference_inputs
+from pallas_kernels.delta_rule_fwd import ChunkCumsumSettings, chunk_cumsum
+from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs, reference_inputs
 from sdm_jax.ops import MIXERS
 from sdm_jax.ops.registry import gate_shapes
 
@@ -52,9 +53,9 @@ for mixer in ("gdn2", "kda"):
   timed(f"{mixer} XLA reference_inputs {moved}", lambda *a: reference_inputs(build, True, jnp.bfloat16, *a), args)
   for rows in ROWS:
     for warps in WARPS:
+      prep = dataclasses.replace(MixerInputsSettings.default(), rows=rows, num_warps=warps)
       timed(f"{mixer} mixer_inputs rows={rows} warps={warps}",
-            lambda *a, rows=rows, warps=warps: mixer_inputs(build, True, jnp.bfloat16, *a, rows=rows, num_warps=warps,
-                                                            interpret=interpret), args)
+            lambda *a, prep=prep: mixer_inputs(build, True, jnp.bfloat16, *a, settings=prep, interpret=interpret), args)
 
 r = np.random.default_rng(5)
 g_sets = [(jnp.asarray(-r.uniform(0, 1, (B, T, H, K)).astype(np.float32)),) for _ in range(3)]
@@ -62,6 +63,7 @@ for C in CHUNKS:
   xla = lambda g, C=C: jnp.cumsum(g.reshape(B, T // C, C, H, K), axis=2).reshape(B, T, H, K)
   timed(f"C={C} XLA cumsum {floor([g_sets[0][0]] * 2)}", xla, g_sets)
   for warps in WARPS:
+    cumsum = dataclasses.replace(ChunkCumsumSettings.default(), num_warps=warps)
     timed(f"C={C} chunk_cumsum warps={warps}",
-          lambda g, C=C, warps=warps: chunk_cumsum(g, C, interpret, num_warps=warps), g_sets)
+          lambda g, C=C, cumsum=cumsum: chunk_cumsum(g, C, interpret, settings=cumsum), g_sets)
 print(timed.table("prep launch"), flush=True)

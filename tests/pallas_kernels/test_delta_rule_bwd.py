@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import ChunkTensors, intra_chunk, state_pass, state_stages
+from pallas_kernels.delta_rule_fwd import ChunkTensors, StatePassSettings, intra_chunk, state_pass
 
 from lowering import TRITON_CALL, lower_for_h200
 
@@ -55,10 +55,13 @@ def test_packed_kernels_lower_for_cuda(dtype, scalar_decay):
 H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)
 
 
-@pytest.mark.parametrize("chunk_size,itemsize,block_v,want", [
-    (32, 2, 32, 3), (64, 2, 32, 3), (64, 2, 16, 3),  # ran on the H200 at 3 stages (session 8)
-    (128, 2, 32, 1), (64, 4, 16, 1),  # asked 282,624 bytes at 2 stages / 286,720 at 3 there: compile failures
+@pytest.mark.parametrize("chunk_size,dtype,block_v,want", [
+    (32, jnp.bfloat16, 32, 3), (64, jnp.bfloat16, 32, 3), (64, jnp.bfloat16, 16, 3),  # ran on the H200 at 3 stages
+    # asked 282,624 bytes at 2 stages / 286,720 at 3 there: compile failures (session 8)
+    (128, jnp.bfloat16, 32, 1), (64, jnp.float32, 16, 1),
 ])
-def test_state_stages_fit_the_shared_memory_measured_on_the_h200(chunk_size, itemsize, block_v, want):
-  assert state_stages(chunk_size, 128, block_v, itemsize, shared_memory=H200) == want
-  assert state_stages(chunk_size, 128, block_v, itemsize, num_stages=2, shared_memory=H200) == 2  # asked for: kept
+def test_state_stages_fit_the_shared_memory_measured_on_the_h200(chunk_size, dtype, block_v, want):
+  rule = lambda **kw: StatePassSettings.for_shape(chunk_size, 4, 16, 128, 128, dtype, block_v=block_v,
+                                                  shared_memory=H200, **kw)
+  assert rule().num_stages == want
+  assert rule(num_stages=2).num_stages == 2  # asked for: kept
