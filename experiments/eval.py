@@ -23,12 +23,15 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.setup()
+  import jax
   from sdm_jax import jsonio
   from sdm_jax.evaluation.lm_eval import evaluate
+  from sdm_jax.training.config import check_batch
   from sdm_jax.training.loop import load_config, restore_for_eval
   config = load_config(FLAGS.workdir)
   if FLAGS.eval_batches:
     config.train.eval_batches = FLAGS.eval_batches
+  check_batch(config, jax.device_count())  # this machine may have other devices than the run's
   model, step, mesh = restore_for_eval(FLAGS.workdir, config)
   result = {"step": step, **evaluate(model, config, mesh)}
   path = pathlib.Path(FLAGS.workdir) / "eval.json"

@@ -14,7 +14,7 @@ from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.segments import check_segment_ids, mask_inputs
-from sdm_jax.ops.validation import check_options, check_shape
+from sdm_jax.ops.validation import check_options, check_scale, check_shape, chunk_size_for, empty_outputs
 
 KEY = ("B", "T", "H", "K")
 VALUE = ("B", "T", "H", "V")
@@ -48,12 +48,17 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
   impl = check_options(impl, chunk_size)
+  check_scale(scale)
   dims = {}
   for name, x, names in (("q", q, KEY), ("u", u, KEY), ("e", e, KEY), ("z", z, VALUE)):
     check_shape(name, x, names, dims)
   check_shape("g", g, HEAD if g.ndim == 3 else KEY, dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
+  acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
+  if (empty := empty_outputs(dims, acc, acc, initial_state)) is not None:
+    return empty
+  chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
   starts = None
   if segment_ids is not None:
     (q, u, e, z), g, starts = mask_inputs(check_segment_ids(segment_ids, dims), (q, u, e, z), g)
@@ -84,6 +89,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   impl = check_options(impl, chunk_size)
+  check_scale(scale)
   dims = {}
   check_shape("q", q, KEY, dims)
   check_shape("k", k, KEY, dims)
@@ -93,6 +99,9 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
   g, *arrays = [x for x, _ in gates.values()]
+  if (empty := empty_outputs(dims, v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays), initial_state)) is not None:
+    return empty[0], empty[1] if output_final_state else None
+  chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
   starts = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)

@@ -12,6 +12,7 @@ import inspect
 from typing import Callable
 
 from sdm_jax.ops.delta_rule import GATE_KINDS, run_mixer
+from sdm_jax.ops.validation import check_array
 
 # The keyword options of every op, with their defaults (SPEC.md section 5).
 OPTIONS = {"scale": None, "initial_state": None, "output_final_state": False, "use_qk_l2norm": False,
@@ -76,6 +77,8 @@ def _make_op(mixer):
     bound.apply_defaults()
     given = bound.arguments
     q, k, v, g = (given[name] for name in ("q", "k", "v", "g"))
+    for name in mixer.arguments:  # before anything reads their shapes
+      check_array(name, given[name])
     if mixer.equal_dims is not None:  # k and v are read here before run_mixer checks their shapes
       mixer.check_dims("v", k.shape[-1], v.shape[-1])
     gates = {"g": (g, mixer.decay), **{name: (given[name], kind) for name, kind in mixer.gates}}

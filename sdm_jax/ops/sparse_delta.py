@@ -16,12 +16,13 @@ so the table at a document start is m0 again; its decay g_t applies to m0's rows
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk, sparse_delta_chunk_packed
 from sdm_jax.ops.segments import check_segment_ids, document_starts, mask_padding
 from sdm_jax.ops.sparse_pallas import check_rows_options, sparse_delta_pallas
-from sdm_jax.ops.validation import check_options, check_shape
+from sdm_jax.ops.validation import check_array, check_options, check_shape, chunk_size_for
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -53,12 +54,16 @@ def sparse_delta_scan(table, k_idx, k_w, v, g, beta, q_idx, q_w, starts=None):
 
 
 def _check_indices(name, idx, N):
+  """ValueError unless idx is an integer array of slots in [0, N). Concrete indices (also arrays a jitted caller
+  closes over) are checked here on the host with NumPy, never with jnp, whose results under jit are tracers;
+  traced ones only by a checkify check, which reports when the caller is checkify.checkify-ed."""
   if not jnp.issubdtype(idx.dtype, jnp.integer):
     raise ValueError(f"{name}: expected an integer dtype, got {idx.dtype}")
   if isinstance(idx, jax.core.Tracer):
     checkify.debug_check(jnp.all((idx >= 0) & (idx < N)), f"{name}: slot indices must lie in [0, {N})")
     return
-  lo, hi = int(jnp.min(idx, initial=0)), int(jnp.max(idx, initial=0))
+  values = np.asarray(idx)
+  lo, hi = (int(values.min()), int(values.max())) if values.size else (0, 0)
   if lo < 0 or hi >= N:
     raise ValueError(f"{name}: slot indices must lie in [0, N) = [0, {N}), got values in [{lo}, {hi}]")
 
@@ -84,13 +89,15 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
   output is 0 and its inputs get zero gradient); the final table is the table after the row's last document (m0 on
   the slots that document never wrote). The result equals each document run alone, for every impl and option.
-  Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None). Out-of-range
-  indices raise ValueError (under jit: a check that `checkify` reports).
+  Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None); with B, T, H, N or V of 0, zeros
+  and the table unchanged. Out-of-range indices raise ValueError where the index arrays are concrete (also arrays
+  a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
   impl = check_options(impl, chunk_size)
   check_rows_options(rows_dtype, rows_segments, table_dtype)
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
+  check_array("m0", m0)
   if m0.ndim == 3:
     check_shape("m0", m0, ("H", "N", "V"), dims)
   else:
@@ -99,6 +106,7 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
                          ("beta", beta, ("B", "T", "H")), ("q_w", q_w, ("B", "T", "H", "R"))):
     check_shape(name, x, names, dims)
   for name, idx, ref in (("k_idx", k_idx, k_w), ("q_idx", q_idx, q_w)):
+    check_array(name, idx)
     if idx.shape != ref.shape:
       raise ValueError(f"{name}: expected the shape of its weights {ref.shape}, got {idx.shape}")
     _check_indices(name, idx, dims["N"])
@@ -110,6 +118,9 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   B, T, H, _ = v.shape
   acc = jnp.result_type(jnp.float32, m0.dtype, k_w.dtype, v.dtype, g.dtype, beta.dtype, q_w.dtype)
   table = jnp.broadcast_to(m0.astype(acc), (B, *m0.shape[-3:]))
+  if 0 in (B, T, H, dims["N"], dims["V"]):  # nothing to run: no token, or no entry to write or read
+    return jnp.zeros(v.shape, v.dtype), table if output_final_state else None
+  chunk_size = chunk_size_for(chunk_size, T)
   floats = [x.astype(acc) for x in (k_w, v, g, beta, q_w)]
   k_w, v32, g, beta, q_w = floats
   if impl == "scan":

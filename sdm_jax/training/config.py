@@ -118,10 +118,15 @@ def check_config(config, *, device_count=1):
   if config.data.vocab_size > model.vocab_size:
     raise ConfigError(f"config.model.vocab_size: the data has {config.data.vocab_size} tokens, more than the "
                       f"model's {model.vocab_size}")
+  check_batch(config, device_count)
+  _check_model(model, config.data.seq_len)
+
+
+def check_batch(config, device_count):
+  """ConfigError unless the global batch divides over `device_count` devices (the data-parallel mesh)."""
   if config.data.batch_size % device_count:
     raise ConfigError(f"config.data.batch_size: the global batch {config.data.batch_size} does not divide over "
                       f"{device_count} devices; use a multiple of {device_count}")
-  _check_model(model, config.data.seq_len)
 
 
 def _flatten(config, prefix=""):

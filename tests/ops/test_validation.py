@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import MIXERS, arg_names, call, make_inputs, seed_of, value_dim
+from sdm_jax import ops
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.product_key import ADDRESS_IMPLS
 from sdm_jax.ops.validation import IMPLS, resolve_impl
@@ -171,3 +172,95 @@ def test_initial_state_with_wrong_shape(shape):
 def test_pallas_rejects_a_chunk_size_its_kernels_lack(chunk_size):
   with pytest.raises(ValueError, match=_word("chunk_size")):
     call("gdn2", _inputs("gdn2"), impl="pallas", chunk_size=chunk_size)
+
+
+# Issue 22: empty dimensions, oversized chunk sizes, arguments of the wrong kind, index checks under jit.
+EMPTY_SHAPES = [(B, 0, H), (0, T, H), (B, T, 0)]  # (B, T, H) with one of them 0
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_an_empty_dimension_gives_an_empty_result_for_every_impl(mixer):
+  """T = 0: o [B, 0, H, V] and the initial state back (zeros without one); B = 0, H = 0: empty arrays of the
+  right shapes. The chunked and Pallas forms used to fail padding an empty T (ZeroDivisionError, a slice error)."""
+  Vm = value_dim(mixer, K, V)
+  for shape in EMPTY_SHAPES:
+    inputs = make_inputs(mixer, *shape, K, Vm, 0.1, "random", seed_of("empty", mixer, shape))
+    for impl in IMPLS:
+      o, state = call(mixer, inputs, impl=impl, output_final_state=True)
+      assert o.shape == (*shape, Vm) and o.dtype == inputs["v"].dtype, (shape, impl)
+      np.testing.assert_array_equal(state, inputs["initial_state"])
+  o, state = call(mixer, _inputs(mixer, initial_state=None) | {
+      name: x[:, :0] for name, x in _inputs(mixer).items() if name != "initial_state"}, output_final_state=True)
+  assert o.shape == (B, 0, H, Vm)
+  np.testing.assert_array_equal(state, np.zeros((B, H, K, Vm)))
+
+
+def test_an_empty_dimension_of_the_generalized_rule_and_the_sparse_op():
+  rng = np.random.default_rng(seed_of("empty rule"))
+  state = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
+  for impl in IMPLS:
+    q, u, e = (jnp.ones((B, 0, H, K)) for _ in range(3))
+    o, final = ops.generalized_delta_rule(q, u, e, jnp.ones((B, 0, H, V)), -jnp.ones((B, 0, H)),
+                                          initial_state=state, impl=impl)
+    assert o.shape == (B, 0, H, V)
+    np.testing.assert_array_equal(final, state)
+    for axis in (0, 1, 2):  # B, T, H
+      inputs = _sparse_inputs(seed_of("empty sdm", axis), **{"BTH"[axis]: 0})
+      o, table = sparse_delta_rule(**inputs, impl=impl, output_final_state=True)
+      assert o.shape == inputs["v"].shape
+      batch = inputs["v"].shape[0]
+      np.testing.assert_array_equal(table, jnp.broadcast_to(inputs["m0"], (batch, *inputs["m0"].shape)))
+
+
+def _jaxpr(fn, inputs, **options):
+  return str(jax.make_jaxpr(lambda x: fn(x, **options))(inputs))
+
+
+def test_an_oversized_chunk_size_runs_as_the_padded_length():
+  """T = 5 pads to one chunk of 16, whatever chunk_size asks: 4096 traces to the program of 16 (without the
+  clamp, a 4096 x 4096 gram per chunk)."""
+  dense = lambda x, **options: call("gdn2", x, impl="chunk", **options)
+  assert _jaxpr(dense, _inputs("gdn2"), chunk_size=4096) == _jaxpr(dense, _inputs("gdn2"), chunk_size=16)
+  sparse = lambda x, **options: sparse_delta_rule(**x, impl="chunk", **options)
+  inputs = _sparse_inputs(seed_of("clamp"))
+  assert _jaxpr(sparse, inputs, chunk_size=4096) == _jaxpr(sparse, inputs, chunk_size=16)
+
+
+@pytest.mark.parametrize("chunk_size", [True, 2.0, "64"])
+def test_a_chunk_size_that_is_not_an_integer(chunk_size):
+  with pytest.raises(ValueError, match=_word("chunk_size")):
+    call("gdn2", _inputs("gdn2"), chunk_size=chunk_size)
+  with pytest.raises(ValueError, match=_word("chunk_size")):
+    sparse_delta_rule(**_sparse_inputs(0), chunk_size=chunk_size)
+
+
+def test_a_scale_that_is_not_a_number():
+  with pytest.raises(ValueError, match=_word("scale")):
+    call("kda", _inputs("kda"), scale="x")
+  np.testing.assert_array_equal(call("kda", _inputs("kda"), scale=jnp.float32(0.25), impl="scan")[0],
+                                call("kda", _inputs("kda"), scale=0.25, impl="scan")[0])
+
+
+@pytest.mark.parametrize("mixer, name", [("gdn", "q"), ("fg2_gdn", "k"), ("gdn2", "w"), ("kda", "initial_state")])
+def test_an_input_that_is_not_an_array(mixer, name):
+  inputs = _inputs(mixer)
+  with pytest.raises(ValueError, match=_word(name)):
+    call(mixer, {**inputs, name: np.asarray(inputs[name]).tolist()})
+
+
+@pytest.mark.parametrize("name", ["m0", "k_idx", "v"])
+def test_a_sparse_input_that_is_not_an_array(name):
+  inputs = _sparse_inputs(0)
+  with pytest.raises(ValueError, match=_word(name)):
+    sparse_delta_rule(**{**inputs, name: np.asarray(inputs[name]).tolist()})
+
+
+def test_sparse_indices_closed_over_by_a_jitted_function_are_checked_without_tracer_errors():
+  """Concrete index arrays captured by jax.jit used to raise ConcretizationTypeError at the range check."""
+  inputs = _sparse_inputs(seed_of("jit indices"))
+  indices = {name: inputs.pop(name) for name in ("k_idx", "q_idx")}
+  run = jax.jit(lambda floats: sparse_delta_rule(**floats, **indices, impl="scan")[0])
+  np.testing.assert_allclose(run(inputs), sparse_delta_rule(**inputs, **indices, impl="scan")[0], rtol=1e-6)
+  indices["k_idx"] = indices["k_idx"].at[1, 2, 0, 0].set(16)
+  with pytest.raises(ValueError, match=_word("k_idx")):
+    jax.jit(lambda floats: sparse_delta_rule(**floats, **indices, impl="scan")[0])(inputs)
