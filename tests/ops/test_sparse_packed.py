@@ -146,14 +146,19 @@ def test_packed_bf16_table_near_documents_alone(x64):
 
 @pytest.mark.parametrize("impl", ["scan", "chunk", "pallas"])
 def test_one_document_is_the_unpacked_op(impl):
-  """Rows that are one document each (ids 3 and 1): the unpacked op, bit for bit (forward; m0 shared)."""
+  """Rows that are one document each (ids 3 and 1): the unpacked op, bit for bit (forward; m0 shared). The packed
+  chunked form is another program (slot versions), which XLA's GPU backend may reduce in another order: there it
+  is held to 1e-6 (on the CPU it is bit for bit too)."""
   x, _, _ = _inputs(4, True)
   args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
   ids = jnp.asarray(np.array([[3] * T, [1] * T], np.int32))
   packed = sparse_delta_rule(**args, impl=impl, output_final_state=True, segment_ids=ids)
   plain = sparse_delta_rule(**args, impl=impl, output_final_state=True)
   for a, b in zip(packed, plain):
-    assert np.array_equal(a, b)
+    if impl == "chunk" and jax.default_backend() == "gpu":
+      assert _rel(a, b) < 1e-6
+    else:
+      assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("segment_ids,match", [
