@@ -12,7 +12,7 @@
 # train).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-# The default allocator: no XLA_PYTHON_CLIENT_PREALLOCATE=false, which distorts back-to-back times (SPEC.md
+# The default allocator: no XLA_PYTHON_CLIENT_PREALLOCATE=false, which distorts back-to-back times (DESIGN.md
 # section 7); bench_ops, which shares the card with torch, lowers XLA_PYTHON_CLIENT_MEM_FRACTION itself.
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 # fla's autotuning (285 s for gdn2's first shape in session 11) is kept between calls and sessions: Triton
@@ -79,7 +79,7 @@ for step in $steps; do
       fi ;;
     kernels)  # pallas vs chunk, every gradient, at the issue shape, every mixer in fp32 and bf16
       compare_runs compare ${KERNEL_LIMIT:-150} chunk,pallas "bfloat16 float32" --batch=4 --seq_len=4096 ;;
-    bench)  # pallas and fla over SPEC section 7's shapes, one process per mixer so fla autotunes once per
+    bench)  # pallas and fla over DESIGN.md section 7's shapes, one process per mixer so fla autotunes once per
       # mixer (its first shape took over 200 s in session 3); the report is rewritten after every shape
       for m in ${BENCH_MIXERS:-gdn2 kda}; do
         run ${BENCH_LIMIT:-560} python3 -m experiments.bench_ops --mixers=$m --impls=${BENCH_IMPLS:-pallas} \

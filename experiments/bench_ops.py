@@ -46,7 +46,7 @@ def main(argv):
     return
   if FLAGS.peer:
     # torch allocates on the same GPU, so JAX takes half of it up front rather than its default 75%. Not
-    # preallocating at all instead doubled KDA's forward+backward back to back (SPEC.md section 7).
+    # preallocating at all instead doubled KDA's forward+backward back to back (DESIGN.md section 7).
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
   cli.setup(CPU_DEFAULTS)
   unknown = sorted(set(FLAGS.mixers) - set(MIXERS))

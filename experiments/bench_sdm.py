@@ -2,7 +2,7 @@ r"""Times the Sparse Delta Memory op next to the dense GDN op at matching FLOPs,
 traffic alone in XLA (sdm_bench.time_row_traffic: the rows an entry-by-entry forward moves), and
 product-key addressing through the Pallas kernel and through XLA's top-k.
 
-  python -m experiments.bench_sdm        # SPEC.md section 3 / issue shapes on a GPU
+  python -m experiments.bench_sdm        # DESIGN.md section 3 / issue shapes on a GPU
 
 Defaults: SDM H=2, N=65,536, V=1,024, W=R=128 over 4 x 4096 tokens (bf16 values, fp32 table);
 GDN 16 heads of 128 x 128; addressing over 64K rows (32,768 tokens x 2 heads), sqrt(N)=256,

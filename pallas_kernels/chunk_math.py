@@ -1,4 +1,4 @@
-"""In-kernel math shared by the forward and backward chunk kernels (SPEC.md section 2).
+"""In-kernel math shared by the forward and backward chunk kernels (DESIGN.md section 2).
 
 Every tile is a whole chunk of C rows, so the work is a few large dots instead of many 16x16 ones.
 

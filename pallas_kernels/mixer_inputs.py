@@ -1,4 +1,4 @@
-"""How impl="pallas" forms a mixer's inputs to the generalized rule (SPEC.md section 1).
+"""How impl="pallas" forms a mixer's inputs to the generalized rule (DESIGN.md section 1).
 
 A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates) -> (u, e, z)`. Two ways:
 

@@ -1,4 +1,4 @@
-"""Pallas (Triton) kernel for product-key addressing (SPEC.md section 3): scores, exact top-k, softmax.
+"""Pallas (Triton) kernel for product-key addressing (DESIGN.md section 3): scores, exact top-k, softmax.
 
 One launch, grid (H, M / block_rows); each program takes block_rows query rows of one head:
   1. Per half, the sub-key scores s = x c^T [block_rows, n] as a list of [block_rows, block_cols]

@@ -1,4 +1,4 @@
-"""Pallas (Triton) kernels for the Sparse Delta Memory recurrence token by token (SPEC.md section 3).
+"""Pallas (Triton) kernels for the Sparse Delta Memory recurrence token by token (DESIGN.md section 3).
 
 The recurrence is independent per value column, so each program owns one tile of block_v columns of
 one (batch, head) table and walks the tokens in order on it, in place:
@@ -26,7 +26,7 @@ table [B, H, N, V] fp32 or bf16 (then the rows saved in bf16 are exact, and so i
 A backward over tokens lo..hi-1 alone takes those tokens' slices and the table after token hi - 1
 (`sparse_tokens_fwd` over tokens 0..hi-1 with rows_from = lo gives both).
 
-Packed documents (SPEC.md section 9; the kernels' packed variants, chosen statically by passing m0). A run is one
+Packed documents (DESIGN.md section 9; the kernels' packed variants, chosen statically by passing m0). A run is one
 document with any padding after it; runs begin at t = 0 and at every document start, and each starts from m0. The
 forward puts m0's rows back on every slot a run wrote once its last token has read (walking that run's write
 indices: W rows per token, never N per document), so the table at each run's start is m0 everywhere and the

@@ -1,4 +1,4 @@
-"""Probe: what packing documents into rows (segment_ids, SPEC.md section 9) costs the dense ops. Each mixer's op,
+"""Probe: what packing documents into rows (segment_ids, DESIGN.md section 9) costs the dense ops. Each mixer's op,
 forward and forward + backward, on the same inputs unpacked and as rows of `docs` documents each (boundaries drawn
 at random, so most start inside a chunk), with the ratio packed / unpacked: the target is <= 1.1.
 
@@ -6,7 +6,7 @@ at random, so most start inside a chunk), with the ratio packed / unpacked: the 
   PACKED_CHUNK=32,64 PACKED_DOCS=8 PACKED_IMPL=pallas PACKED_DIMS=16,128 (the defaults)
 
 Inputs from `op_inputs.make_op_inputs` (bf16, K = V, no initial state); forward+backward is the gradient of
-sum(o * r) with respect to every input. Two timers (SPEC.md section 7): the device's (`timing.median_ms`: the sum of
+sum(o * r) with respect to every input. Two timers (DESIGN.md section 7): the device's (`timing.median_ms`: the sum of
 the kernels' durations from CUPTI, median of 20 runs rotating 3 input sets) and the host clock around 20
 back-to-back calls with one synchronisation at the end. On a CPU it runs (slowly, in interpret mode) as a smoke
 test: PACKED_DIMS=2,32 ... probe_packed.py kda 1x128.

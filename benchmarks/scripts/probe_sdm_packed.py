@@ -1,4 +1,4 @@
-"""Probe: what packing documents into rows (segment_ids, SPEC.md section 9) costs the SDM op. sparse_delta_rule,
+"""Probe: what packing documents into rows (segment_ids, DESIGN.md section 9) costs the SDM op. sparse_delta_rule,
 forward and forward + backward, on the same inputs unpacked and as rows of `docs` documents each (boundaries drawn
 at random), with the ratio packed / unpacked. The packed gradients are checked finite only (their accuracy against
 the documents run alone is tests/ops/test_sparse_packed.py's).
@@ -10,7 +10,7 @@ the documents run alone is tests/ops/test_sparse_packed.py's).
   rows_dtype:rows_segments[:table_dtype], comma-separated)
 
 Inputs from `sdm_bench.sdm_inputs` (bf16 v, fp32 m0 shared over the batch); forward+backward is the gradient of
-sum(o * r) with respect to every float input, the final table unused as in training. Two timers (SPEC.md section
+sum(o * r) with respect to every float input, the final table unused as in training. Two timers (DESIGN.md section
 7): the device's (`timing.median_ms`: the sum of the kernels' durations from CUPTI, median of REPS runs rotating 3
 input sets) and the host clock around REPS back-to-back calls with one synchronisation at the end. Off a GPU it runs
 in interpret mode (a smoke test: use a small shape).

@@ -1,5 +1,5 @@
 r"""Paper-size language models: every mixer and hybrid at flash-linear-attention's 340M and 1.3B shapes, and at
-the whole-model reference shape of SPEC.md section 7.
+the whole-model reference shape of DESIGN.md section 7.
 
   python -m experiments.train --config=experiments/configs/paper.py:kda_340m --workdir=runs/kda_340m
 
@@ -8,11 +8,11 @@ gdn2_swa ("DS"), fg2_attn ("DDDA"), sdm ("SSSM"); size is one of
 
   340m  24 layers, width 1024,  8 heads x 128, SwiGLU 2816, 128 x 4096 tokens a step, 20,480 steps (10.7B tokens)
   1.3b  24 layers, width 2048, 16 heads x 128, SwiGLU 5632, 128 x 4096 tokens a step, 190,735 steps (100B tokens)
-  ref    8 layers, width 2048, 16 heads x 128, SwiGLU 5632,   4 x 4096 tokens a step (SPEC.md section 7)
+  ref    8 layers, width 2048, 16 heads x 128, SwiGLU 5632,   4 x 4096 tokens a step (DESIGN.md section 7)
 
 so e.g. kda_340m, gdn2_swa_1.3b, sdm_ref. Every variant: vocabulary 32,000, bf16 compute (fp32 parameters),
 impl "auto", K = V = 128 per head; attention layers (S, A) use the mixers' heads, sliding windows 2048 tokens.
-SDM layers at the paper's scale (SPEC.md section 3): 2 heads, 65,536 slots, top-128 write and read, values of
+SDM layers at the paper's scale (DESIGN.md section 3): 2 heads, 65,536 slots, top-128 write and read, values of
 1024 per head, sub-keys of 128 (the addressing width of experiments/bench_sdm.py). The SDM tables are parameters
 (2 x 65,536 x 1024 per SDM layer, 805M in the 6 SDM layers of 24), so an sdm variant has far more parameters
 than its size names; without the tables it is within 7 % of it.

@@ -9,7 +9,7 @@ Variants "<task>_<mixer>" or "<task>_<mixer>_w<width>":
          s_niah_1, s_niah_2, s_niah_3, mk_niah_1, mk_niah_2, mk_niah_3 (bytes; sdm_jax/data/niah.py RULER_TASKS)
   mixer  a dense mixer of the registry (gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2: every layer "D"), attention (every
          layer "A"), swa (every layer "S"), sdm (sliding-window attention then Sparse Delta Memory: "SM" at 2 layers,
-         "SSSM" at 4, SPEC.md section 3's 3 : 1)
+         "SSSM" at 4, DESIGN.md section 3's 3 : 1)
   width  64, 128 or 256 (default 128), heads of 64 channels (width / 64 of them); MQAR models have 2 layers
          (Zoology's), NIAH models 4.
 

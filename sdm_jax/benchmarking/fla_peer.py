@@ -8,7 +8,7 @@ In fla-core 0.6.0:
 Both use our layout ([B, T, H, K] for q, k, g, b; [B, T, H, V] for v, w; beta [B, T, H]), take g
 as the natural-log decay (with use_gate_in_kernel=False, the default), scale K**-0.5 by default
 and an fp32 initial state, so our inputs go over unchanged; use_qk_l2norm_in_kernel=True matches
-use_qk_l2norm=True. fla's chunk_gated_delta_rule is left out (SPEC.md section 7).
+use_qk_l2norm=True. fla's chunk_gated_delta_rule is left out (DESIGN.md section 7).
 """
 
 import importlib

@@ -1,4 +1,4 @@
-"""Throughput of the mixer ops over shapes (SPEC.md section 7), with flash-linear-attention as the peer.
+"""Throughput of the mixer ops over shapes (DESIGN.md section 7), with flash-linear-attention as the peer.
 
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
 sum(o * r) w.r.t. every input): median of `reps` warm runs that rotate between 3 input sets (on

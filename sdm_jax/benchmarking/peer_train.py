@@ -1,4 +1,4 @@
-r"""Whole-model training steps of flash-linear-attention's HF models (the peer of SPEC.md section 7), in torch.
+r"""Whole-model training steps of flash-linear-attention's HF models (the peer of DESIGN.md section 7), in torch.
 
   python -m sdm_jax.benchmarking.peer_train --model=kda --num_layers=8 --width=2048 --num_heads=16 \
     --head_dim=128 --mlp_hidden=5632 --vocab_size=32000 --batch=4 --seq_len=4096 --steps=20 --warmup=3 \
@@ -24,7 +24,7 @@ What fla 0.6.0 does, read from its source:
   logits. Which one ran is read back from the output (its logits are None under the fused linear
   loss) and written to the result.
 - TransformerForCausalLM's attention (fla/layers/attn.py) raises ImportError in its constructor when
-  the flash_attn package is missing; GatedDeltaNet's chunk kernel refuses on Triton 3.6 (SPEC.md
+  the flash_attn package is missing; GatedDeltaNet's chunk kernel refuses on Triton 3.6 (DESIGN.md
   section 7). Either failure, like any other, is written to the result's "error" and the process
   exits 0 so the caller goes on.
 
@@ -59,7 +59,7 @@ def peer_kwargs(model, num_layers, width, num_heads, head_dim, mlp_hidden, vocab
 
   fla's fused norm, SwiGLU and cross-entropy are on (its defaults, written out so the record shows
   them); the head is untied. The delta-rule mixers get expand_v=1.0, d_v = d_k = head_dim as in
-  SPEC.md section 7 (fla's GatedDeltaNetConfig defaults to expand_v=2.0). fla's Transformer has no
+  DESIGN.md section 7 (fla's GatedDeltaNetConfig defaults to expand_v=2.0). fla's Transformer has no
   head_dim of its own (it is width / num_heads), so `attention` needs width == num_heads * head_dim.
   """
   if model not in MODELS:

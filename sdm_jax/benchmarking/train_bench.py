@@ -1,5 +1,5 @@
 r"""Whole-model training steps of our language model: ms/step, tokens/s, peak device memory, model FLOPs
-utilisation (SPEC.md section 7), one model config per process so that each peak is its own.
+utilisation (DESIGN.md section 7), one model config per process so that each peak is its own.
 
 `measure(spec)` runs in the process it is called in; `run(specs, ...)` starts one process per spec (ours
 through this module's __main__, fla's through `peer_train`), collects their JSON lines and writes the report
@@ -18,7 +18,7 @@ import numpy as np
 from sdm_jax.models.costs import mixer_flops_per_token
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 
-# The H200's dense bf16 rate that model FLOPs utilisation is taken against (SPEC.md section 7).
+# The H200's dense bf16 rate that model FLOPs utilisation is taken against (DESIGN.md section 7).
 PEAK_FLOPS = 790e12
 # Cross-entropy targets drawn uniformly: the step's cost does not depend on the tokens.
 NUM_BATCH_SETS = 3

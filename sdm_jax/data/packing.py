@@ -4,7 +4,7 @@ A row holds seq_len + 1 tokens of one or more documents (grain's `*_segment_ids`
 padding; `*_positions`: 0, 1, ... within each). Its inputs are the first seq_len tokens and its targets the last
 seq_len, so a target is scored only where it continues the input's document: the loss mask drops padding and the
 target after each document's last token (the first token of the next document, which the input's document cannot
-predict once the model restarts its state at the boundary, SPEC.md section 9).
+predict once the model restarts its state at the boundary, DESIGN.md section 9).
 
 PACKINGS:
   "first_fit": grain.experimental.FirstFitPackIterDataset: each document goes whole into the first of

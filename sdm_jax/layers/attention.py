@@ -44,7 +44,7 @@ class Attention(nnx.Module):
 
   x: [B, T, width] -> [B, T, width], through jax.nn.dot_product_attention (cuDNN's flash attention where
   flash_implementation picks it, never a [T, T] score matrix there). Scores and softmax in fp32.
-  Packed documents (segment_ids [B, T], SPEC.md section 9): a token sees only its own document (padding only
+  Packed documents (segment_ids [B, T], DESIGN.md section 9): a token sees only its own document (padding only
   padding), through a [B, 1, T, T] boolean mask, which cuDNN takes as an additive bias of that size (it reads it;
   the flash kernel still forms no score matrix); RoPE positions restart at every document unless given.
   For decoding, the cache holds the rotated keys and the values of the last L = min(window, max_len)

@@ -11,7 +11,7 @@ class CausalConv(nnx.Module):
   """y_t = sum_i kernel[i] * x_{t - (kernel_size - 1) + i}, per channel, zero history before t = 0.
 
   x: [B, T, C] -> [B, T, C] in the compute dtype. For decoding, the cache is the last kernel_size - 1
-  inputs, [B, kernel_size - 1, C]. With segment_ids [B, T] (packed documents, SPEC.md section 9) a tap that
+  inputs, [B, kernel_size - 1, C]. With segment_ids [B, T] (packed documents, DESIGN.md section 9) a tap that
   reaches across a document start reads 0: each document sees zero history, as alone (the cache continues the
   row's first document).
   """

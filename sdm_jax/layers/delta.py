@@ -1,4 +1,4 @@
-"""One layer for every dense delta-rule mixer of the registry `ops.MIXERS` (SPEC.md sections 1 and 4).
+"""One layer for every dense delta-rule mixer of the registry `ops.MIXERS` (DESIGN.md sections 1 and 4).
 
     q, k, v = SiLU(CausalConv(W x)),  g = LogDecay(x),  gates = sigmoid(W x)
     o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(W x))
@@ -31,7 +31,7 @@ class OutputGate:
   rank: str | None = None  # None or "value": rank V
 
 
-# The papers' output gates (SPEC.md section 4); KDA's is Kimi Linear's low-rank gate, rank the head's value width,
+# The papers' output gates (DESIGN.md section 4); KDA's is Kimi Linear's low-rank gate, rank the head's value width,
 # as fla's KDA layer builds it. Op, decay and gates come from the registry (`ops.MIXERS`); a registered mixer
 # not listed here gets DEFAULT_OUTPUT_GATE.
 OUTPUT_GATES = {

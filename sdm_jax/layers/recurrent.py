@@ -7,7 +7,7 @@ class RecurrentMixer(nnx.Module):
   """Subclasses define init_cache(batch, max_len) and extend(x, cache, impl, segment_ids=None) -> (y, cache)."""
 
   def __call__(self, x, segment_ids=None, positions=None):
-    """x: [B, T, width] -> y; segment_ids: None or [B, T], packed documents (SPEC.md section 9), each run from the
+    """x: [B, T, width] -> y; segment_ids: None or [B, T], packed documents (DESIGN.md section 9), each run from the
     zero cache as alone. positions matter only to attention."""
     del positions
     return self.extend(x, self.init_cache(x.shape[0]), self.impl, segment_ids=segment_ids)[0]

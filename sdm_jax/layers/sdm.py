@@ -1,4 +1,4 @@
-"""The Sparse Delta Memory layer (SPEC.md section 3): a delta rule on a product-key-addressed table.
+"""The Sparse Delta Memory layer (DESIGN.md section 3): a delta rule on a product-key-addressed table.
 
 Per head, slot a * n + b (n = sqrt(N)) has the key (c1[a], c2[b]) from two learned sub-key tables;
 a query (its halves from a projection) scores s1[a] + s2[b]. The write query selects the top W

@@ -87,7 +87,7 @@ def masked_cross_entropy(logits, targets, mask):
 
 
 def packing_arguments(features, batch):
-  """The packed batch's "segment_ids" and "positions" (SPEC.md section 9) that the callable `features` takes, as
+  """The packed batch's "segment_ids" and "positions" (DESIGN.md section 9) that the callable `features` takes, as
   keyword arguments: a model that does not take them yet trains on the tokens alone."""
   accepted = inspect.signature(features).parameters
   return {key: batch[key] for key in ("segment_ids", "positions") if key in batch and key in accepted}

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-# A_log and dt_bias set the decay's time scales (SPEC.md section 4); norm scales and biases are offsets.
+# A_log and dt_bias set the decay's time scales (DESIGN.md section 4); norm scales and biases are offsets.
 NO_DECAY_NAMES = frozenset({"A_log", "dt_bias", "scale", "bias"})
 
 

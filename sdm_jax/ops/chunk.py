@@ -1,4 +1,4 @@
-"""Chunkwise-parallel (WY) form of the generalized delta rule in pure JAX (SPEC.md section 2).
+"""Chunkwise-parallel (WY) form of the generalized delta rule in pure JAX (DESIGN.md section 2).
 
 Intra-chunk work is vectorised across all chunks; only the carried state is a `lax.scan` over
 chunks. Every decay exponent is a sum of exactly the log decays it spans, built from 16-row

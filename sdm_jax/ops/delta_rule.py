@@ -1,4 +1,4 @@
-"""The generalized gated delta rule behind every dense mixer (SPEC.md section 1).
+"""The generalized gated delta rule behind every dense mixer (DESIGN.md section 1).
 
     S_t = (I - u_t e_t^T) Diag(exp(g_t)) S_{t-1} + u_t z_t^T,     o_t = scale * S_t^T q_t
 
@@ -42,7 +42,7 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
   impl: "auto" ("pallas" on a GPU, else "chunk"), "scan", "chunk" or "pallas".
   io_dtype: the dtype q, u, e, z are stored in for impl="pallas" (default: that of z).
-  segment_ids: None or int [B, T], documents packed into rows (SPEC.md section 9): each starts from the zero
+  segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): each starts from the zero
   state but the first of a row (initial_state), padding (id 0) is inert with output 0, the final state is the
   last document's.
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).

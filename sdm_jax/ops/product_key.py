@@ -1,4 +1,4 @@
-"""Product-key addressing (SPEC.md section 3): the exact top-k of all pairwise sums of two sub-key score halves,
+"""Product-key addressing (DESIGN.md section 3): the exact top-k of all pairwise sums of two sub-key score halves,
 and the addressing built on it (queries and sub-key tables -> slots and softmax weights)."""
 
 import functools
@@ -77,7 +77,7 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
   """Product-key addressing: the k slots a * n + b with the largest scores x1 . c1[a] + x2 . c2[b].
 
   x1, x2: [B, T, H, D] query halves; c1, c2: [H, n, D] the head's sub-key tables (N = n * n slots).
-  k: a Python int in [1, n * n], static under jit (W or R of SPEC.md section 3).
+  k: a Python int in [1, n * n], static under jit (W or R of DESIGN.md section 3).
   Returns (idx [B, T, H, k] int32, best first; weights [B, T, H, k] float32, the softmax of the
   selected scores). Sub-key scores are float32: products in the promoted dtype of x1 and c1,
   accumulated in float32. Ties follow product_key_topk.

@@ -1,7 +1,7 @@
 """The one list of dense mixers: `MIXERS`, iterated by the ops, the layer, the input generators, the configs,
 the benchmarks and the tests, so that a mixer registered here is everywhere at once.
 
-A mixer is what SPEC.md section 1 says tells it apart under the generalized rule: a build (k, v, *gates) -> (u, e, z),
+A mixer is what DESIGN.md section 1 says tells it apart under the generalized rule: a build (k, v, *gates) -> (u, e, z),
 the shape of its log decay, its gates, and a constraint on K and V if it has one. Its public op (`Mixer.op`) is made
 from the entry. The five of the papers are registered in `sdm_jax.ops.mixers`; README "Contributing: adding a
 mixer" says how to add one.
@@ -14,7 +14,7 @@ from typing import Callable
 from sdm_jax.ops.delta_rule import GATE_KINDS, run_mixer
 from sdm_jax.ops.validation import check_array
 
-# The keyword options of every op, with their defaults (SPEC.md section 5).
+# The keyword options of every op, with their defaults (DESIGN.md section 5).
 OPTIONS = {"scale": None, "initial_state": None, "output_final_state": False, "use_qk_l2norm": False,
            "impl": "auto", "chunk_size": 64, "segment_ids": None}
 

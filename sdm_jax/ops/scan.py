@@ -11,7 +11,7 @@ def delta_rule_scan(q, u, e, z, g, scale, initial_state, starts=None):
 
   q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V].
   All inputs already in the accumulation dtype. starts: None or [B, T] bool, the tokens where a packed document
-  starts (SPEC.md section 9): S_{t-1} is replaced by 0 there. Returns (o [B, T, H, V], S_T [B, H, K, V]).
+  starts (DESIGN.md section 9): S_{t-1} is replaced by 0 there. Returns (o [B, T, H, V], S_T [B, H, K, V]).
   """
 
   def step(state, xs):

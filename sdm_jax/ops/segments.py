@@ -1,4 +1,4 @@
-"""Packed sequences (SPEC.md section 9): documents packed into the rows of a batch, marked by segment ids.
+"""Packed sequences (DESIGN.md section 9): documents packed into the rows of a batch, marked by segment ids.
 
 segment_ids [B, T] int: contiguous tokens with the same nonzero id form one document, 0 marks padding (after the
 last document of a row). The delta-rule ops reset their state where a document starts and skip padding; the

@@ -1,4 +1,4 @@
-"""Chunked form of the sparse gated delta rule (SPEC.md section 3) with a memory-lean backward.
+"""Chunked form of the sparse gated delta rule (DESIGN.md section 3) with a memory-lean backward.
 
 Sparse Delta Memory is GDN over N channels with a sparse key k_t (weights kappa_t on slots I_t,
 duplicates summed), a decay exp(g_t) only on the key's support, and a sparse read key rho_t.
@@ -14,7 +14,7 @@ the chunks in reverse, undoes each chunk's writes to recover its starting table 
 differentiates that one chunk on its touched rows only: the table cotangent is updated in place
 at those rows, so neither its memory nor its work grows with T x N.
 
-Packed documents (`sparse_delta_chunk_packed`, SPEC.md section 9): every document starts from m0. Runs (a document
+Packed documents (`sparse_delta_chunk_packed`, DESIGN.md section 9): every document starts from m0. Runs (a document
 and the padding after it) are numbered along the row, and the table carries beside each slot the run that last
 wrote it (version [B, H, N] int32): a token reads a slot's row from the table when its own run wrote it last, else
 from m0, so no document ever has to put m0 back on what the one before it wrote (nothing of size N per document).

@@ -1,4 +1,4 @@
-"""Sparse Delta Memory: the sparse gated delta rule on a product-key-addressed table (SPEC.md section 3).
+"""Sparse Delta Memory: the sparse gated delta rule on a product-key-addressed table (DESIGN.md section 3).
 
 Per head a table M [N, V]. At token t, with write slots I_t (weights kappa_t), read slots J_t
 (weights rho_t), log decay g_t <= 0 and learning rate beta_t in [0, 1]:
@@ -10,7 +10,7 @@ Per head a table M [N, V]. At token t, with write slots I_t (weights kappa_t), r
 A slot listed twice in one token's I_t is one slot whose weight is the sum of its entries (the
 dense-key reading: GDN with key vector k_t = sum_w kappa_t[w] e_{I_t[w]}); it is decayed once.
 
-Packed documents (segment_ids, SPEC.md section 9): every document starts from m0 (there is no other initial state),
+Packed documents (segment_ids, DESIGN.md section 9): every document starts from m0 (there is no other initial state),
 so the table at a document start is m0 again; its decay g_t applies to m0's rows as at t = 0.
 """
 
@@ -84,7 +84,7 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
   table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
   the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
-  segment_ids: None or int [B, T], documents packed into rows (SPEC.md section 9): equal nonzero ids in a run are
+  segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): equal nonzero ids in a run are
   one document, 0 is padding (after a row's last document). Each document starts from m0 (the row's, when m0 is
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
   output is 0 and its inputs get zero gradient); the final table is the table after the row's last document (m0 on

@@ -18,7 +18,7 @@ fp32): the kernels then move half the bytes, and the rows they save are bf16 cop
 exact. It changes the forward (lossy, like a bf16 state) and its gradients are those of the fp32 recurrence at the
 rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md.
 
-Packed documents (starts, SPEC.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`): the
+Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`): the
 forward puts m0 back on each run's write slots after its last token, the backward transposes that and replays each
 earlier run's writes from m0 (one forward's writes more in all), and returns dM0 per batch row. Every option above
 works with them: the replay of rows segments runs the packed forward, and each segment's backward walks the full

@@ -27,7 +27,7 @@ def test_every_variant_builds():
     assert config.data.name == "corpus" and config.data.vocab_size == model.vocab_size
     assert config.data.seq_len == 4096
     assert len(layer_letters(model.pattern, model.num_layers)) == model.num_layers
-  assert paper.get_config("sdm_ref").data.batch_size == 4  # SPEC.md section 7: B x T = 4 x 4096
+  assert paper.get_config("sdm_ref").data.batch_size == 4  # DESIGN.md section 7: B x T = 4 x 4096
   assert paper.get_config("gdn2_340m,/tmp/corpus").data.data_dir == "/tmp/corpus"
   for bad in ("kda_7b", "mamba_340m", "kda"):
     with pytest.raises(ValueError, match="variant"):

@@ -85,7 +85,7 @@ def test_decay_init_ranges(mixer):
   assert dt.min() < 2e-3 and dt.max() > 5e-2
 
 
-# Output width of each gate projection for H heads, K = 16, V = 8 (16 for FG2-GDN), from SPEC.md section 4.
+# Output width of each gate projection for H heads, K = 16, V = 8 (16 for FG2-GDN), from DESIGN.md section 4.
 GATE_WIDTHS = {
     "gdn": {"beta_proj": H},
     "kda": {"beta_proj": H},

@@ -1,4 +1,4 @@
-"""Packed documents through the layers (SPEC.md section 9): the causal conv, attention (full and sliding-window,
+"""Packed documents through the layers (DESIGN.md section 9): the causal conv, attention (full and sliding-window,
 RoPE positions restarting per document) and the dense delta-rule layer on a row of two documents and padding equal
 the same layer on each document alone -- outputs and the gradients of the input and every parameter."""
 

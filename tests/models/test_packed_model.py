@@ -1,4 +1,4 @@
-"""The language model on packed documents (SPEC.md section 9): a batch with "segment_ids" and "positions" gives every
+"""The language model on packed documents (DESIGN.md section 9): a batch with "segment_ids" and "positions" gives every
 document's tokens the loss they have alone, and the same parameter gradient."""
 
 import jax

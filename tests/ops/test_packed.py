@@ -1,4 +1,4 @@
-"""Packed sequences (SPEC.md section 9): a row of documents given segment_ids equals every document run alone by
+"""Packed sequences (DESIGN.md section 9): a row of documents given segment_ids equals every document run alone by
 the float64 scan -- outputs, final states and every gradient -- for every mixer and impl (pallas in interpret
 mode); padding is inert with output 0 and exactly zero gradient; the initial state goes to each row's first
 document.

@@ -54,7 +54,7 @@ def test_the_public_ops_are_the_registry_entries():
       ops.gated_delta_rule, ops.kda, ops.fg2_gdn, ops.fg2_gdn_plus, ops.gdn2]
   options = ("*, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm=False, impl='auto', "
              "chunk_size=64, segment_ids=None")
-  assert str(inspect.signature(ops.gdn2)) == f"(q, k, v, g, b, w, {options})"  # SPEC.md section 5
+  assert str(inspect.signature(ops.gdn2)) == f"(q, k, v, g, b, w, {options})"  # DESIGN.md section 5
   assert ops.gdn2.__name__ == "gdn2" and ops.gdn2.__doc__.startswith("Gated DeltaNet-2: S_t =")
 
 

@@ -1,4 +1,4 @@
-"""sparse_delta_rule with segment_ids (SPEC.md section 9): a packed row equals its documents run alone by the float64
+"""sparse_delta_rule with segment_ids (DESIGN.md section 9): a packed row equals its documents run alone by the float64
 scan -- outputs, the final table of each row's last document and the gradient of every input, m0 included (shared
 and per batch row) -- for impl="scan", "chunk" (documents starting inside a chunk and at a chunk start) and
 "pallas" (interpret mode, also with rows segments and a bf16 table);

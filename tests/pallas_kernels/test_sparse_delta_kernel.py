@@ -59,7 +59,7 @@ def test_bf16_table_lowers_for_cuda():
     (True, jnp.float32, jnp.float32, (0, 37)), (False, jnp.float32, jnp.bfloat16, (5, 30)),
     (True, jnp.bfloat16, jnp.bfloat16, (20, 37))])
 def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, tokens):
-  """The packed variants (m0 given, SPEC.md section 9): the forward's restore loop and the backward's transposed
+  """The packed variants (m0 given, DESIGN.md section 9): the forward's restore loop and the backward's transposed
   restore and replay (dynamic bounds), m0 shared over the batch or per row, with a bf16 table, over a token range."""
   T, W = 37, 128
   lo, hi = tokens
