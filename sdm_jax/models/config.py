@@ -16,7 +16,8 @@ def default_config():
   which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
   within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
   sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster).
-  sdm_key_dim is the width of each sub-key (each half of an SDM query).
+  sdm_key_dim is the width of each sub-key (each half of an SDM query). tie_embeddings: the output head is the
+  token embedding (no head parameters).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256
@@ -44,4 +45,5 @@ def default_config():
   c.sdm_table_dtype = "float32"
   c.dtype = "float32"
   c.remat = "none"
+  c.tie_embeddings = False
   return c

@@ -76,7 +76,8 @@ def flops_per_token(model_config, seq_len, counts=None):
   embedding lookup, not the SDM tables, whose row work mixer_flops_per_token counts) plus the token mixers' own
   work at seq_len (the count benchmarking's MFU is taken with)."""
   counts = counts or param_counts(model_config)
-  return 6 * (counts["blocks"] + counts["head"]) + mixer_flops_per_token(model_config, seq_len)
+  head = counts["embedding"] if model_config.get("tie_embeddings", False) else counts["head"]  # a tied head multiplies
+  return 6 * (counts["blocks"] + head) + mixer_flops_per_token(model_config, seq_len)
 
 
 def model_numbers(model_config, seq_len):

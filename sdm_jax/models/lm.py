@@ -52,10 +52,28 @@ def make_mixer(letter, config, *, dtype, rngs):
                            dtype=dtype, rngs=rngs)
 
 
+class TiedHead(nnx.Module):
+  """The output head that is the token embedding: logits = x E^T. `kernel` is E^T [width, vocab] (what the loss
+  reads as model.head.kernel[...]); it owns no parameters of its own."""
+
+  def __init__(self, embed, *, dtype):
+    self.embed, self.dtype = embed, dtype
+    self.out_features = embed.num_embeddings
+
+  @property
+  def kernel(self):
+    return self.embed.embedding[...].T
+
+  def __call__(self, x):
+    return jnp.dot(x, self.kernel.astype(self.dtype), preferred_element_type=jnp.float32)
+
+
 class LanguageModel(nnx.Module):
   """tokens: [B, T] int32 -> logits: [B, T, vocab_size] fp32.
 
-  Parameters are fp32; activations run in config.dtype. The output head is not tied to the embedding.
+  Parameters are fp32; activations run in config.dtype. The output head is its own Linear, or the token embedding
+  with config.tie_embeddings (Zoology's models: a recalled value's logit is then its own embedding's dot product,
+  which every position trains, instead of a head row that only that value's rare targets train).
   """
 
   def __init__(self, config, *, rngs):
@@ -72,8 +90,11 @@ class LanguageModel(nnx.Module):
               dtype=dtype, rngs=rngs)
         for letter in layer_letters(config.pattern, config.num_layers)])
     self.final_norm = RMSNorm(width)
-    self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype,
-                           preferred_element_type=jnp.float32, rngs=rngs)
+    if config.get("tie_embeddings", False):  # configs saved before the field existed
+      self.head = TiedHead(self.embed, dtype=dtype)
+    else:
+      self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype,
+                             preferred_element_type=jnp.float32, rngs=rngs)
     self.remat = remat
 
   def __call__(self, tokens, segment_ids=None, positions=None):
