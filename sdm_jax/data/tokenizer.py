@@ -71,3 +71,22 @@ def file_sha256(path):
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+BYTE_LEVEL_TASKS = ("text", "niah")  # data tasks whose token ids 0-255 are bytes
+
+
+def decode_bytes(ids):
+  """Token ids of a byte-level run as text: ids 0-255 are bytes, the rest (specials) U+FFFD."""
+  return b"".join(bytes([i]) if 0 <= i < 256 else "\ufffd".encode() for i in ids).decode("utf-8", "replace")
+
+
+def text_codec(data):
+  """(encode: str -> ids, decode: ids -> str) of a run's data config, or None where its tokens are not text: bytes
+  for the byte-level tasks, the corpus's tokenizer.json for the corpus task (ValueError naming it if unreadable)."""
+  if data.get("name") in BYTE_LEVEL_TASKS:
+    return (lambda text: list(text.encode("utf-8"))), decode_bytes
+  if data.get("name") == "corpus":
+    tokenizer = load_tokenizer(pathlib.Path(data["data_dir"]) / "tokenizer.json")
+    return (lambda text: tokenizer.encode(text).ids), tokenizer.decode
+  return None

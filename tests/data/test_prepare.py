@@ -166,3 +166,17 @@ def test_the_command_line_prepares_and_refuses_to_overwrite(tiny_corpus, tmp_pat
     assert "already holds a complete corpus" in capsys.readouterr().err
   finally:
     flags.FLAGS.unparse_flags()
+
+
+def test_text_codec_of_a_run(tiny_corpus, tmp_path):
+  """What experiments.generate prompts and decodes with: the corpus's own tokenizer, bytes for byte-level tasks."""
+  directory, _, documents = tiny_corpus
+  encode, decode = tokenizer.text_codec({"name": "corpus", "data_dir": str(directory)})
+  text = "def main(x):\n    return x"
+  ids = encode(text)
+  assert ids == tokenizer.load_tokenizer(directory / "tokenizer.json").encode(text).ids and decode(ids) == text
+  encode, decode = tokenizer.text_codec({"name": "text"})
+  assert encode("é!") == [195, 169, 33] and decode([195, 169, 33, 300]) == "é!\ufffd"
+  assert tokenizer.text_codec({"name": "mqar"}) is None
+  with pytest.raises(ValueError, match="tokenizer"):
+    tokenizer.text_codec({"name": "corpus", "data_dir": str(tmp_path)})
