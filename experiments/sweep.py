@@ -34,6 +34,8 @@ flags.DEFINE_integer("eval_batches", None, "Batches per evaluation (default: the
                      lower_bound=1)
 flags.DEFINE_boolean("summarize_only", False, "Train nothing: summarize the finished runs under --workdir.")
 flags.DEFINE_boolean("dry_run", False, "Print the runs and their status, train nothing.")
+flags.DEFINE_boolean("in_process", False, "Run every run in this process (no start-up or compilation per run; "
+                     "a crash ends the sweep) instead of one process each.")
 flags.DEFINE_string("out", None, "Path prefix of the summary (default: <first workdir>/summary).")
 FLAGS = flags.FLAGS
 
@@ -53,7 +55,8 @@ def main(argv):
   outcomes = sweep(FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
                    overrides=config_flags.get_override_values(FLAGS["config"]), grid=FLAGS.grid,
                    eval_grid=FLAGS.eval_grid, seeds=range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds),
-                   workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run, out=FLAGS.out,
+                   workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run,
+                   in_process=FLAGS.in_process, out=FLAGS.out,
                    log=log)
   if any(outcome.startswith("failed") for outcome in outcomes.values()):
     sys.exit(1)

@@ -16,7 +16,9 @@ extrapolation), the parameters unchanged.
 
 Each run is one process (`python -m sdm_jax.training.sweep <run dir>`): a run that crashes (out of memory, a
 kernel fault) or diverges costs only itself, each starts with fresh device memory, and a persistent compilation
-cache shared by the sweep (`<workdir>/.jax_cache`) spares the seeds of a point their compilation. A run whose
+cache shared by the sweep (`<workdir>/.jax_cache`) spares the seeds of a point their compilation. For many short
+runs of small models, where a process's start and compilation cost more than its training, `in_process` runs
+them one after another in the calling process instead (the seeds of a point then share one jitted step). A run whose
 final checkpoint is at train.steps and whose evaluations are all written is skipped; any other resumes (training
 from its newest checkpoint, then the missing evaluations). SIGINT stops the running run at a step boundary with a
 checkpoint (training.loop) and then the sweep.
@@ -49,7 +51,7 @@ EVAL_POINTS = "eval_points.json"
 SWEEP = "sweep.json"
 # The fields an evaluation point may change besides data.*: which batches are scored, never a parameter.
 EVAL_FIELDS = ("train.eval_batches",)
-_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9.-]+")
+_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class SweepInterrupted(Exception):
@@ -337,6 +339,18 @@ def subprocess_runner(cache_dir=None, extra_args=()):
   return run
 
 
+def in_process_runner(eval_batches=None):
+  """A runner that trains and evaluates in this process: no start-up or compilation per run (runs of one model
+  shape share the jitted step), for many small runs; a crash of one ends the sweep."""
+  def run(run_dir, log):
+    from sdm_jax.training.loop import TrainingInterrupted
+    try:
+      run_one(run_dir, eval_batches=eval_batches, log=lambda line: log(f"  {line}"))
+    except TrainingInterrupted as error:
+      raise SweepInterrupted(str(error)) from None
+  return run
+
+
 def run_sweep(runs, *, runner, log=print, workdir=None, description=None):
   """Runs every run that is not done, in order; returns {run name: 'done' | 'skipped' | 'failed: ...'}.
 
@@ -437,11 +451,12 @@ def describe(runs, config_file, grid, eval_grid, seeds):
 
 
 def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, eval_batches=None, dry_run=False,
-          out=None, runner=None, log=print):
+          in_process=False, out=None, runner=None, log=print):
   """Plans the grid (every point's config checked before anything runs), runs what is not done, summarizes.
 
   config: the --config ConfigDict (its overrides applied); config_file: its 'path.py:variant'; overrides: the
-  command line's {field: value}; grid / eval_grid: grid texts; seeds: replicate numbers. Returns the outcomes.
+  command line's {field: value}; grid / eval_grid: grid texts; seeds: replicate numbers; in_process: run in this
+  process (in_process_runner) instead of one process per run. Returns the outcomes.
   """
   from sdm_jax.training.config import check_config
   from sdm_jax.training.sweep_summary import summarize
@@ -467,7 +482,12 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
     for run in runs:
       log(f"  {run.name}: {status(run.directory, run.config.train.steps, run.eval_points)}")
     return {}
-  if runner is None:
+  if runner is None and in_process:
+    import jax
+    if not jax.config.jax_compilation_cache_dir:  # a later call on the same machine compiles nothing again
+      jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(workdir) / ".jax_cache"))
+    runner = in_process_runner(eval_batches)
+  elif runner is None:
     runner = subprocess_runner(pathlib.Path(workdir) / ".jax_cache",
                                extra_args=[str(eval_batches)] if eval_batches else [])
   outcomes = run_sweep(runs, runner=runner, log=log, workdir=workdir,

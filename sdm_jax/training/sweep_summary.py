@@ -144,7 +144,7 @@ def format_table(points):
              "state elements", "seeds", "accuracy", "exact match", "loss"]
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for entry in points:
-    cells = [entry["label"], *[_fmt_value(entry["point"].get(field, "-")) for field in grid],
+    cells = [entry["mixer"], *[_fmt_value(entry["point"].get(field, "-")) for field in grid],
              *[_fmt_value(entry["eval_point"].get(field, "train")) for field in evals],
              f"{entry['block_params']:,}", f"{entry['flops_per_token']:,.0f}", f"{entry['state_elements']:,}",
              str(len(entry["seeds"])), *[_fmt_metric(entry.get(metric)) for metric in METRICS]]
@@ -176,8 +176,9 @@ def plot_axes(points):
 
 
 def _lines(points, where, field):
-  """{line label: [(x, entry)]}: a line per mixer and per value of every axis other than x (for the state axis,
-  the data and evaluation fields only: the model fields are what moves the state)."""
+  """{line label: [(x, entry)]}: a line per mixer (its variant where a variant axis names it) and per value of
+  every axis other than x; against the state, a line per mixer and per value of the data and evaluation fields
+  only (the model fields are what moves the state)."""
   grid, evals = _axes(points)
   lines = {}
   for entry in points:
@@ -191,7 +192,9 @@ def _lines(points, where, field):
       others = {k: v for k, v in (entry["point"] | entry["eval_point"]).items()
                 if k != field and k != sweep.VARIANT and not (where == "eval_point" and k == field)}
     suffix = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in others.items())
-    lines.setdefault(entry["label"] + (f" ({suffix})" if suffix else ""), []).append((x, entry))
+    # Against the state, a line is a mixer across its sizes (variants of one mixer at several widths join).
+    name = entry["mixer"] if where is None else entry["label"]
+    lines.setdefault(name + (f" ({suffix})" if suffix else ""), []).append((x, entry))
   return {label: sorted(members, key=lambda member: member[0]) for label, members in lines.items()}
 
 
