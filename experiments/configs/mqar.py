@@ -25,9 +25,17 @@ def get_config(variant="gdn2"):
     config.model = model_config("gdn2", data.vocab_size, width=64, head_dim=32)
     config.train = train_config(300, 1e-2, warmup_steps=10, log_every=10, eval_every=150, checkpoint_every=50)
   else:
-    data.seq_len, data.batch_size = 128, 32
+    # Zoology's MQAR (vocab 8192, 16 pairs in 128 tokens). The head is tied to the embedding, as in Zoology's
+    # models: untied, a recalled value's logit needs its own head row, which only that value's targets train
+    # (each of the 4096 values is a target about once in eight batches of 32), and every mixer stayed at chance
+    # (loss ln 4096) for 1,000 steps on the H200 (benchmarks/2026-11-29_h200_session2.md); the CPU runs of
+    # benchmarks/recall/README.md learn only tied. A batch of 128 gives each value four times the targets; a GPU step
+    # of these models is bound by kernel launches (19 ms at 32 x 128 tokens in session 2), so it should cost little
+    # more (not yet timed).
+    data.seq_len, data.batch_size = 128, 128
     data.num_kv_pairs = data.num_queries = 16
     config.model = model_config(variant, data.vocab_size)
-    config.train = train_config(2000, 3e-3)
+    config.model.tie_embeddings = True
+    config.train = train_config(3000, 1e-2, warmup_steps=100, log_every=50, eval_every=500, checkpoint_every=500)
   config.data = data
   return config

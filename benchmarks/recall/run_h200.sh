@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 24's recall study on one H200, one step per device call (each under 9 minutes). Every step is a sweep
+# (experiments/sweep.py) into runs/recall/<step>, run in one process (--in_process: these models are small, so a
+# process's start-up and compilation would cost more than its training), under its own time limit: a step cut
+# short keeps its finished runs, and the same call again (on the same warm machine) resumes where it stopped.
+# After every step the summaries and each run's metrics, evaluations and configs (no checkpoints) are packed
+# into $OUT/recall.tgz, beside $OUT/log.txt.
+#
+# Wheels the H200 image lacks: see benchmarks/run_h200.sh (carry ".whl").
+# With the device tool: command "bash benchmarks/recall/run_h200.sh <step>", carry [".whl"].
+# steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3), 1 seed
+#        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
+#                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
+#        niah     S-NIAH-1 and MK-NIAH-1, trained at 1024 bytes and evaluated at 1K-8K, gdn2, sdm, swa, attention
+#        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+RES=runs/recall
+mkdir -p "$OUT" "$RES"
+SEEDS=${SEEDS:-1}
+WIDTHS=${WIDTHS:-128}
+FIRST_SEED=${FIRST_SEED:-0}
+run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.txt, then pack the results
+  local limit=$1; shift
+  echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
+  tar czf "$OUT/recall.tgz" --exclude=checkpoints --exclude=.jax_cache -C runs recall
+}
+sweep() {  # sweep LIMIT STEP ARGS...
+  local limit=$1 name=$2; shift 2
+  run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
+}
+MIXERS="gdn kda fg2_gdn fg2_gdn_plus gdn2 sdm swa attention"
+variants() {  # variants TASK WIDTHS: 'TASK_<mixer>_w<width>|...' for every mixer and width
+  local task=$1 widths=$2 list=()
+  for m in $MIXERS; do for w in $widths; do list+=("${task}_${m}_w$w"); done; done
+  (IFS='|'; echo "${list[*]}")
+}
+for step in ${*:-default}; do
+  case $step in
+    default)  # 2 runs x 3000 steps
+      sweep 530 default --config=experiments/configs/mqar.py:gdn2 --grid='train.learning_rate=1e-2|3e-3' ;;
+    state)  # 8 runs x 1500 steps a width and seed, evaluated again on fixed numbers of pairs (Zoology's test sets)
+      sweep 530 state --config=experiments/configs/recall.py:mqar_gdn --config.train.steps=1500 \
+        --grid="variant=$(variants mqar "$WIDTHS")" --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
+        --eval_grid='data.min_kv_pairs=0;data.num_kv_pairs,data.num_queries=4,4|16,16|32,32' --eval_batches=4 ;;
+    niah)  # 8 runs x 1500 steps of 16 x 1024 bytes
+      sweep 530 niah --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 --config.train.steps=1500 \
+        --grid='variant=s_niah_1_gdn2_w128|s_niah_1_sdm_w128|s_niah_1_swa_w128|s_niah_1_attention_w128|mk_niah_1_gdn2_w128|mk_niah_1_sdm_w128|mk_niah_1_swa_w128|mk_niah_1_attention_w128' \
+        --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
+        --first_seed="$FIRST_SEED" ;;
+    summary)
+      for name in state niah; do
+        run 120 python3 -m experiments.sweep --summarize_only --workdir="$RES/$name" --out="$RES/$name/summary"
+      done ;;
+    *) echo "unknown step $step" | tee -a "$OUT/log.txt" ;;
+  esac
+done
