@@ -192,7 +192,7 @@ class IntraChunkBwdSettings:
 
   @classmethod
   def default(cls, chunk_size):
-    """The fastest measured on the H200 at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+    """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
     # key blocks and warps: benchmarks/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
     # 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md; value_block not swept.
     warps = 2 if chunk_size <= 32 else 4

@@ -292,7 +292,7 @@ class IntraChunkSettings:
 
   @classmethod
   def default(cls, chunk_size):
-    """The fastest measured on the H200 at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+    """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
     # key_block and warps: benchmarks/2026-11-30_h200_session7.md (section 4; chunk 64), then key_block 32 at
     # chunk 32 with 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md; solve blocks 64 at 4 warps:
     # benchmarks/2026-11-30_h200_session7.md (call 2) and benchmarks/2026-11-30_h200_session10.md; solved's 2
@@ -399,8 +399,8 @@ class StatePassSettings:
     (a request above the limit fails at compile time). shared_memory: the bytes one program may use (None: those
     of this machine's first device, `shared_memory_bytes`)."""
     # block_v: both state passes over block_v 16 / 32 / 64 and B 1 to 8 at H 16 on the H200,
-    # benchmarks/2026-11-30_h200_session12.md (section 3); 4 warps beat 2 and 8 there. Stages: 1 / 2 / 3 stages of
-    # both passes, and the compile failures above the limit, benchmarks/2026-11-30_h200_session8.md.
+    # benchmarks/2026-11-30_h200_session12.md (section 3), where 2 and 8 warps were no faster than 4. Stages: 1 / 2 / 3
+    # stages of both passes, and the compile failures above the limit, benchmarks/2026-11-30_h200_session8.md.
     if block_v is None:
       block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= 128), 16)
     block_v = min(block_v, V)
@@ -412,6 +412,7 @@ class StatePassSettings:
 
 
 def check_block_v(settings, V):
+  """ValueError unless settings.block_v tiles the V value columns."""
   if V % settings.block_v:
     raise ValueError(f"settings.block_v: expected a divisor of V = {V}, got {settings.block_v}")
 
