@@ -11,7 +11,7 @@ Three launches, the forward's in reverse:
                   Writes dz, dT and dAqk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
   pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
                   block, added to those terms: dq, du, de and dg (in place).
-Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/2026-11-30_h200_session7.md).
+Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/sessions/2026-11-30_h200_session7.md).
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
@@ -193,8 +193,8 @@ class IntraChunkBwdSettings:
   @classmethod
   def default(cls, chunk_size):
     """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
-    # key blocks and warps: benchmarks/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
-    # 4-row sub-blocks: benchmarks/2026-11-30_h200_session9.md; value_block not swept.
+    # key blocks and warps: benchmarks/sessions/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
+    # 4-row sub-blocks: benchmarks/sessions/2026-11-30_h200_session9.md; value_block not swept.
     warps = 2 if chunk_size <= 32 else 4
     return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
                sub_block=4)

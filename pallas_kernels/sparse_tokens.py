@@ -93,7 +93,7 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     write(t, k_rows, rows)
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
-    # benchmarks/2026-11-30_h200_session12.md).
+    # benchmarks/sessions/2026-11-30_h200_session12.md).
     read = gather(q_idx_ref[t, :])
     if packed:  # where token t + 1 starts a document, m0 back on its run's write slots (restore_from[t] = t + 1: none)
       jax.lax.fori_loop(restore_from_ref[t], t + 1, restore, 0)
@@ -137,7 +137,7 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
   settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
-  64: 23.6; benchmarks/2026-11-30_h200_session11.md).
+  64: 23.6; benchmarks/sessions/2026-11-30_h200_session11.md).
   Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V] fp32 (table then holds it at t = 0) and
   restore_from [B, T] int32: at token t, the first token of t's run where token t + 1 starts a document, else t + 1."""
   B, H, N, V = table.shape

@@ -28,7 +28,7 @@ def get_config(variant="gdn2"):
     # Zoology's MQAR (vocab 8192, 16 pairs in 128 tokens). The head is tied to the embedding, as in Zoology's
     # models: untied, a recalled value's logit needs its own head row, which only that value's targets train
     # (each of the 4096 values is a target about once in eight batches of 32), and every mixer stayed at chance
-    # (loss ln 4096) for 1,000 steps on the H200 (benchmarks/2026-11-29_h200_session2.md); the CPU runs of
+    # (loss ln 4096) for 1,000 steps on the H200 (benchmarks/sessions/2026-11-29_h200_session2.md); the CPU runs of
     # benchmarks/recall/README.md learn only tied. A batch of 128 gives each value four times the targets; a GPU step
     # of these models is bound by kernel launches (19 ms at 32 x 128 tokens in session 2), so it should cost little
     # more (not yet timed).

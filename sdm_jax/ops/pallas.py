@@ -23,7 +23,7 @@ from sdm_jax.ops.validation import on_gpu
 
 # Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
 # (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
-# chunk 32 (2026-11-30, benchmarks/2026-11-30_h200_session8.md).
+# chunk 32 (2026-11-30, benchmarks/sessions/2026-11-30_h200_session8.md).
 PALLAS_CHUNK_SIZES = (16, 32, 64)
 
 
