@@ -1,4 +1,4 @@
-"""Pallas (Triton) backward kernels for the chunked generalized delta rule (SPEC.md section 2).
+"""Pallas (Triton) backward kernels for the chunked generalized delta rule (DESIGN.md section 2).
 
 Three launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the

@@ -1,4 +1,4 @@
-"""Pallas (Triton) forward kernels for the chunked generalized delta rule (SPEC.md section 2).
+"""Pallas (Triton) forward kernels for the chunked generalized delta rule (DESIGN.md section 2).
 
 Four launches:
   chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
@@ -45,7 +45,7 @@ from pallas_kernels.mixer_inputs import FORMED, row_norms
 
 
 class ChunkTensors(NamedTuple):
-  """What `intra_chunk` gives the state passes (SPEC.md section 2's names), [B, T, H, D] in the io dtype unless
+  """What `intra_chunk` gives the state passes (DESIGN.md section 2's names), [B, T, H, D] in the io dtype unless
   said: Y = A (e * exp(G)) [.., K]; U = A z [.., V]; Aqk [.., C], the decayed q-u Gram matrix (lower, with the
   diagonal); q_decayed = scale * q * exp(G) (q~) and u_decayed = u * exp(G_C - G) (u~) [.., K];
   decay_last = exp(G_C) [B, N, H, K] fp32; A = (I + T)^-1 [.., C] fp32 when intra_chunk saves it, else None."""

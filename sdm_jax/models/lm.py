@@ -104,7 +104,7 @@ class LanguageModel(nnx.Module):
     """tokens: [B, T] -> the final norm's output [B, T, width], what the head maps to logits (the training
     loss scores it chunk by chunk, `models.loss.token_scores`).
 
-    segment_ids, positions: None or int [B, T], documents packed into rows (SPEC.md section 9; a batch's
+    segment_ids, positions: None or int [B, T], documents packed into rows (DESIGN.md section 9; a batch's
     "segment_ids" and "positions"): every document is modelled as alone -- the recurrences restart, the convs
     and attention do not see across a boundary -- and RoPE takes positions (default: the position inside each
     document when packed, else 0 .. T - 1). Padding (id 0) affects no document."""
