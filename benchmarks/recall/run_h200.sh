@@ -11,7 +11,9 @@
 # steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3), 1 seed
 #        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
 #                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
-#        niah     S-NIAH-1 and MK-NIAH-1, trained at 1024 bytes and evaluated at 1K-8K, gdn2, sdm, swa, attention
+#        niah     S-NIAH-1 and MK-NIAH-1, trained at 1024 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128
+#                 (default gdn2 sdm swa attention)
+# MIXERS (default: all eight) narrows the state step.
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -32,7 +34,7 @@ sweep() {  # sweep LIMIT STEP ARGS...
   local limit=$1 name=$2; shift 2
   run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
 }
-MIXERS="gdn kda fg2_gdn fg2_gdn_plus gdn2 sdm swa attention"
+MIXERS=${MIXERS:-gdn kda fg2_gdn fg2_gdn_plus gdn2 sdm swa attention}
 variants() {  # variants TASK WIDTHS: 'TASK_<mixer>_w<width>|...' for every mixer and width
   local task=$1 widths=$2 list=()
   for m in $MIXERS; do for w in $widths; do list+=("${task}_${m}_w$w"); done; done
@@ -47,8 +49,9 @@ for step in ${*:-default}; do
         --grid="variant=$(variants mqar "$WIDTHS")" --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
         --eval_grid='data.min_kv_pairs=0;data.num_kv_pairs,data.num_queries=4,4|16,16|32,32' --eval_batches=4 ;;
     niah)  # 8 runs x 1500 steps of 16 x 1024 bytes
+      niah_variants="$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants s_niah_1 128)|$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants mk_niah_1 128)"
       sweep 530 niah --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 --config.train.steps=1500 \
-        --grid='variant=s_niah_1_gdn2_w128|s_niah_1_sdm_w128|s_niah_1_swa_w128|s_niah_1_attention_w128|mk_niah_1_gdn2_w128|mk_niah_1_sdm_w128|mk_niah_1_swa_w128|mk_niah_1_attention_w128' \
+        --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
         --first_seed="$FIRST_SEED" ;;
     summary)

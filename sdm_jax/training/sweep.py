@@ -458,6 +458,7 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
   command line's {field: value}; grid / eval_grid: grid texts; seeds: replicate numbers; in_process: run in this
   process (in_process_runner) instead of one process per run. Returns the outcomes.
   """
+  from sdm_jax.data import make_dataset
   from sdm_jax.training.config import check_config
   from sdm_jax.training.sweep_summary import summarize
   point_config, variant = point_configs(config, config_file, overrides)
@@ -468,12 +469,18 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
   runs = plan(point_config, axes, seeds, workdir, eval_axes)
   checked = set()
   for run in runs:  # one check per point: the seeds only move seeds
-    key = run.name.rsplit("/", 1)[0]
+    key = run.name.rsplit("/", 1)[0] if "/" in run.name else "(the config itself)"
     if key not in checked:
       try:
         check_config(run.config)
       except ConfigError as error:
         raise ConfigError(f"grid point {key}: {error}") from None
+      for eval_point in run.eval_points:  # the data of an evaluation point, built (nothing read) before any run
+        try:
+          make_dataset(apply(run.config, eval_point), "validation")
+        except ValueError as error:
+          where = " ".join(f"{field}={value}" for field, value in eval_point.items())
+          raise ConfigError(f"--eval_grid {where} (grid point {key}): {str(error).splitlines()[0]}") from None
       checked.add(key)
   log(f"sweep: {len(runs)} run(s) = {len(runs) // len(seeds)} point(s) x {len(seeds)} seed(s)"
       f"{f', each evaluated at {len(runs[0].eval_points)} more point(s)' if runs and runs[0].eval_points else ''}"
