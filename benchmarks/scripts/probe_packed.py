@@ -13,7 +13,6 @@ test: PACKED_DIMS=2,32 ... probe_packed.py kda 1x128.
 """
 import os
 import sys
-import time
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.benchmarking.timing import median_ms, timer_name
+from sdm_jax.benchmarking.timing import back_to_back_ms, median_ms, timer_name
 from sdm_jax.ops import MIXERS
 
 REPS = 20
@@ -56,13 +55,7 @@ def calls(mixer, impl, chunk):
 
 
 def host_ms(fn, args):
-  """The host clock around REPS back-to-back calls, one synchronisation at the end, per call."""
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  for _ in range(REPS - 1):
-    fn(*args)
-  jax.block_until_ready(fn(*args))
-  return 1e3 * (time.perf_counter() - start) / REPS
+  return back_to_back_ms(fn, args, REPS)
 
 
 def main():

@@ -17,7 +17,6 @@ in interpret mode (a smoke test: use a small shape).
 """
 import os
 import sys
-import time
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.sdm_bench import sdm_inputs
-from sdm_jax.benchmarking.timing import median_ms, peak_device_bytes, timer_name
+from sdm_jax.benchmarking.timing import back_to_back_ms, median_ms, peak_device_bytes, timer_name
 from sdm_jax.ops import sparse_delta_rule
 
 REPS = int(os.environ.get("SDM_PACKED_REPS", "10"))
@@ -62,13 +61,7 @@ def calls(option):
 
 
 def host_ms(fn, args):
-  """The host clock around REPS back-to-back calls, one synchronisation at the end, per call."""
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  for _ in range(REPS - 1):
-    fn(*args)
-  jax.block_until_ready(fn(*args))
-  return 1e3 * (time.perf_counter() - start) / REPS
+  return back_to_back_ms(fn, args, REPS)
 
 
 def main():

@@ -88,6 +88,17 @@ def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
   return statistics.median(times)
 
 
+def back_to_back_ms(fn, args, reps):
+  """The host clock around `reps` back-to-back calls of fn(*args) after a warm one, one synchronisation at the end,
+  per call (ms): what a training loop sees, launch gaps and dispatch included (DESIGN.md section 7)."""
+  jax.block_until_ready(fn(*args))
+  start = time.perf_counter()
+  for _ in range(reps - 1):
+    fn(*args)
+  jax.block_until_ready(fn(*args))
+  return 1e3 * (time.perf_counter() - start) / reps
+
+
 def error_text(error):
   """'<type>: <first line, at most 200 characters>': how a failed measurement is recorded."""
   lines = str(error).strip().splitlines()
