@@ -1,13 +1,29 @@
-"""Test-wide setup: the repository root on sys.path, a float64 switch for ground-truth runs, and jax's
-caches cleared before the process runs out of memory mappings."""
+"""Test-wide setup: the repository root on sys.path, one persistent compilation cache for the whole run, a float64
+switch for ground-truth runs, and jax's caches cleared before the process runs out of memory mappings."""
 
+import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
-import jax
-import pytest
+# Many tests compile the same programs (the tiny training configs, the command-line runs in subprocesses): one
+# compilation cache, made by the first process of a run and inherited by the xdist workers and every subprocess
+# through the environment, compiles each once. A fresh directory per run, removed at the end.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="sdm_jax_tests_jax_cache_")
 
+import jax  # noqa: E402  (after the cache directory is in the environment)
+import pytest  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture

@@ -2,6 +2,18 @@
 
 import ml_collections
 
+from sdm_jax import ops
+
+MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
+# (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN
+# 3 : 1 full attention, and 3 sliding-window attention : 1 Sparse Delta Memory.
+HYBRIDS = {
+    "gdn2_swa": ("gdn2", "DS", 2),
+    "fg2_attn": ("fg2_gdn", "DDDA", 4),
+    "sdm": ("gdn2", "SSSM", 4),
+}
+VARIANTS = MIXERS + tuple(HYBRIDS)
+
 
 def default_config():
   """A ConfigDict with every field `LanguageModel` reads.
@@ -47,3 +59,19 @@ def default_config():
   c.remat = "none"
   c.tie_embeddings = False
   return c
+
+
+def variant_config(variant, vocab_size, *, num_layers=2, width=128, num_heads=2, head_dim=64):
+  """The model of `variant` (a mixer name or a hybrid name), impl "auto" ("pallas" on a GPU, else "chunk")."""
+  if variant not in VARIANTS:
+    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+  model = default_config()
+  model.vocab_size = vocab_size
+  model.num_layers, model.width, model.num_heads = num_layers, width, num_heads
+  model.head_dim = model.value_dim = head_dim
+  model.impl = model.sdm_impl = "auto"
+  if variant in MIXERS:
+    model.mixer, model.pattern = variant, "D"
+  else:
+    model.mixer, model.pattern, model.num_layers = HYBRIDS[variant]
+  return model

@@ -219,54 +219,21 @@ def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments
 
 
 def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
-  if residuals.docs is not None:
-    return _bwd_packed(rows_dtype, rows_segments, table_dtype, residuals, cotangents)
-  return _bwd_unpacked(rows_dtype, rows_segments, table_dtype, residuals, cotangents) + (None,)
-
-
-def _bwd_packed(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
-  """As `_bwd_unpacked`, with the packed kernels: each segment's backward walks the full per-token arrays from
-  hi - 1 down to lo, and dM0 gathers over the calls (and dM at token 0, the first run's)."""
-  d_o, d_final = cotangents
-  r = residuals
-  B, T = r.v.shape[:2]
-  bounds = segment_bounds(T, rows_segments)
-  tokens = _backward_tokens(r, d_o)
-  forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
-  previous_run = _previous_run(r.docs)
-  table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
-  d_m0 = jnp.zeros(table.shape, jnp.float32)
-  tile_sum = lambda x: jnp.sum(x, axis=2)
-  pieces = []
-  for k in reversed(range(len(bounds) - 1)):
-    lo, hi = bounds[k], bounds[k + 1]
-    if hi < T:
-      d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))  # as in `_bwd_unpacked`
-      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         **_packed_args(m0, r.docs, hi), rows_dtype=jnp.dtype(rows_dtype),
-                                         rows_from=lo, interpret=interpret())
-    table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(
-        *_kernel_args(table, d_table, tokens, rows), m0=r.m0, d_m0=d_m0, previous_run=previous_run, tokens=(lo, hi),
-        interpret=interpret())
-    pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
-  d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
-  d_m0 = d_m0 + d_table  # what reached token 0: the cotangent of the first run's table
-  if r.m0.ndim == 3:
-    d_m0 = jnp.sum(d_m0, axis=0)
-  return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w, None)
-
-
-def _bwd_unpacked(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
-  starts from (the same bits as the forward's: the same kernel on the same inputs)."""
+  starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.docs), the
+  packed kernels run instead: each segment's backward walks the full per-token arrays from hi - 1 down to lo, and
+  dM0 gathers over the calls (and dM at token 0, the first run's)."""
   d_o, d_final = cotangents
   r = residuals
+  packed = r.docs is not None
   B, T = r.v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
   tokens = _backward_tokens(r, d_o)
   forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
+  previous_run = _previous_run(r.docs) if packed else None
   table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
+  d_m0 = jnp.zeros(table.shape, jnp.float32) if packed else None
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
   pieces = []
   for k in reversed(range(len(bounds) - 1)):
@@ -274,15 +241,23 @@ def _bwd_unpacked(rows_dtype, rows_segments, table_dtype, residuals, cotangents)
     if hi < T:
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
-      d_table, m0 = jax.lax.optimization_barrier((d_table, r.m0))
+      d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))
       table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         rows_dtype=jnp.dtype(rows_dtype), rows_from=lo, interpret=interpret())
-    table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
-        *_kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows), interpret=interpret())
+                                         **_packed_args(m0, r.docs, hi), rows_dtype=jnp.dtype(rows_dtype),
+                                         rows_from=lo, interpret=interpret())
+    if packed:
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(
+          *_kernel_args(table, d_table, tokens, rows), m0=r.m0, d_m0=d_m0, previous_run=previous_run,
+          tokens=(lo, hi), interpret=interpret())
+    else:
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
+          *_kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows), interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
   d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
-  d_m0 = jnp.sum(d_table, axis=0) if r.m0 is not None and r.m0.ndim == 3 else d_table
-  return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w)
+  d_m0 = d_table if d_m0 is None else d_m0 + d_table  # packed: plus what reached token 0, the first run's table
+  if r.m0 is not None and r.m0.ndim == 3:
+    d_m0 = jnp.sum(d_m0, axis=0)
+  return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w, None)
 
 
 _sparse_delta_pallas.defvjp(_fwd, _bwd)

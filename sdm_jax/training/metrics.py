@@ -88,24 +88,3 @@ def plot_metrics(records, path):
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
-
-
-def summarize_run(workdir):
-  """One row for a run directory: its model, final and best evaluation, and training tokens/s."""
-  workdir = pathlib.Path(workdir)
-  if not (workdir / "metrics.jsonl").exists():
-    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
-  model = json.loads((workdir / "config.json").read_text())["model"]
-  records = MetricsLog(workdir).read()
-  evals = [r for r in records if r["split"] == "eval"]
-  rates = [r["tokens_per_s"] for r in records if r["split"] == "train" and "tokens_per_s" in r]
-  return {
-      "run": workdir.name, "pattern": model["pattern"], "mixer": model["mixer"], "impl": model["impl"],
-      "width": model["width"], "layers": model["num_layers"],
-      "steps": max((r["step"] for r in records), default=0),
-      "eval_accuracy": evals[-1]["accuracy"] if evals else None,
-      "best_eval_accuracy": max((r["accuracy"] for r in evals), default=None),
-      "eval_loss": evals[-1]["loss"] if evals else None,
-      "train_tokens_per_s": rates[-1] if rates else None,
-      "eval_curve": [(r["step"], r["accuracy"]) for r in evals],
-  }

@@ -4,16 +4,21 @@ run resumes to the same result, a complete directory is not overwritten; tokeniz
 import collections
 import importlib.util
 import json
+import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
-from absl import flags
 from array_record.python import array_record_module
 
+from experiments import cli
 from corpus_helpers import SHARD_BYTES, VALIDATION_FRACTION, VOCAB, write_inputs
 from sdm_jax.data import documents, prepare, shards, tokenizer
 from sdm_jax.data.seeding import split_by_hash
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _records(directory, shard, dtype):
@@ -149,23 +154,18 @@ def test_inputs_are_checked_by_name(tmp_path):
   assert len(topics) > 50 and any("for_stmt" in topic or "The for statement" in topic for topic in topics)
 
 
-def test_the_command_line_prepares_and_refuses_to_overwrite(tiny_corpus, tmp_path, capsys):
-  from experiments import cli, prepare_data
+def test_the_command_line_prepares_and_refuses_to_overwrite(tiny_corpus, tmp_path):
   directory, _, texts = tiny_corpus
   inputs = write_inputs(tmp_path / "inputs", texts[:12])
-  argv = ["prepare_data", f"--inputs={','.join(inputs)}", f"--tokenizer={directory / 'tokenizer.json'}",
-          f"--out={tmp_path / 'out'}", "--validation_fraction=0.25"]
-  try:
-    flags.FLAGS(argv)
-    prepare_data.main([])
-    assert "done:" in capsys.readouterr().out
-    assert shards.load_manifest(tmp_path / "out")["splits"]["train"]["documents"] + shards.load_manifest(
-        tmp_path / "out")["splits"]["validation"]["documents"] == 12
-    with pytest.raises(SystemExit, match=str(cli.USAGE_EXIT)):
-      prepare_data.main([])
-    assert "already holds a complete corpus" in capsys.readouterr().err
-  finally:
-    flags.FLAGS.unparse_flags()
+  command = [sys.executable, "-m", "experiments.prepare_data", f"--inputs={','.join(inputs)}",
+             f"--tokenizer={directory / 'tokenizer.json'}", f"--out={tmp_path / 'out'}", "--validation_fraction=0.25"]
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and "done:" in done.stdout, done.stderr[-2000:]
+  splits = shards.load_manifest(tmp_path / "out")["splits"]
+  assert splits["train"]["documents"] + splits["validation"]["documents"] == 12
+  again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert again.returncode == cli.USAGE_EXIT and "already holds a complete corpus" in again.stderr
+  assert "Traceback" not in again.stderr
 
 
 def test_text_codec_of_a_run(tiny_corpus, tmp_path):

@@ -1,11 +1,11 @@
-"""summarize_run and the summarize_runs tool: the numbers come from the run's own files."""
+"""summarize_run, its table and plot (experiments/summarize_runs.py): the numbers come from the run's own files."""
 
 import json
 
 import pytest
 
-from experiments import summarize_runs
-from sdm_jax.training.metrics import MetricsLog, Progress, summarize_run
+from sdm_jax.evaluation.run_summary import format_table, plot_curves, summarize_run
+from sdm_jax.training.metrics import MetricsLog, Progress
 
 
 def _fake_run(path):
@@ -37,9 +37,9 @@ def test_summarize_run_rejects_a_directory_without_metrics(tmp_path):
 def test_table_and_plot(tmp_path):
   _fake_run(tmp_path / "run_a")
   rows = [summarize_run(tmp_path / "run_a")]
-  table = summarize_runs.format_table(rows)
+  table = format_table(rows)
   assert "| run_a | D | kda | pallas | 256 x 2 | 20 | 0.2500 | 0.5000 | 1.5000 | 120 |" in table
-  summarize_runs.plot_curves(rows, tmp_path / "curves.png")
+  plot_curves(rows, tmp_path / "curves.png")
   assert (tmp_path / "curves.png").stat().st_size > 0
 
 

@@ -1,0 +1,54 @@
+"""Run summaries: one row per run directory from its own files (config.json, metrics.jsonl), a table, a plot."""
+
+import json
+import pathlib
+
+from sdm_jax.training.metrics import MetricsLog
+
+
+def summarize_run(workdir):
+  """One row for a run directory: its model, final and best evaluation, and training tokens/s."""
+  workdir = pathlib.Path(workdir)
+  if not (workdir / "metrics.jsonl").exists():
+    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
+  model = json.loads((workdir / "config.json").read_text())["model"]
+  records = MetricsLog(workdir).read()
+  evals = [r for r in records if r["split"] == "eval"]
+  rates = [r["tokens_per_s"] for r in records if r["split"] == "train" and "tokens_per_s" in r]
+  return {
+      "run": workdir.name, "pattern": model["pattern"], "mixer": model["mixer"], "impl": model["impl"],
+      "width": model["width"], "layers": model["num_layers"],
+      "steps": max((r["step"] for r in records), default=0),
+      "eval_accuracy": evals[-1]["accuracy"] if evals else None,
+      "best_eval_accuracy": max((r["accuracy"] for r in evals), default=None),
+      "eval_loss": evals[-1]["loss"] if evals else None,
+      "train_tokens_per_s": rates[-1] if rates else None,
+      "eval_curve": [(r["step"], r["accuracy"]) for r in evals],
+  }
+
+
+def format_table(rows):
+  fmt = lambda x, spec: "-" if x is None else format(x, spec)
+  lines = ["| run | pattern | mixer | impl | width x layers | steps | eval acc | best eval acc | eval loss | "
+           "train tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['run']} | {r['pattern']} | {r['mixer']} | {r['impl']} | {r['width']} x {r['layers']} | "
+                 f"{r['steps']} | {fmt(r['eval_accuracy'], '.4f')} | {fmt(r['best_eval_accuracy'], '.4f')} | "
+                 f"{fmt(r['eval_loss'], '.4f')} | {fmt(r['train_tokens_per_s'], ',.0f')} |")
+  return "\n".join(lines)
+
+
+def plot_curves(rows, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in rows:
+    if r["eval_curve"]:
+      ax.plot(*zip(*r["eval_curve"]), marker="o", label=r["run"])
+  ax.set(xlabel="step", ylabel="evaluation accuracy", ylim=(0, 1.02))
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
