@@ -242,7 +242,7 @@ class ChunkCumsumSettings:
   @classmethod
   def default(cls):
     # 2, 4 and 8 warps within a few percent of each other at chunk 32 and 64 on the H200 (call 1's prep step,
-    # benchmarks/sessions/2026-11-30_h200_session10.md; benchmarks/scripts/probe_prep.py).
+    # benchmarks/sessions/2026-11-30_h200_session10.md).
     return cls(num_warps=4)
 
 

@@ -163,8 +163,7 @@ class MixerInputsSettings:
   @classmethod
   def default(cls):
     # 16 to 64 rows at 4 or 8 warps all within a few percent of each other, near the byte floor, for GDN-2 and
-    # KDA inputs on the H200 (call 1's prep step, benchmarks/sessions/2026-11-30_h200_session10.md;
-    # benchmarks/scripts/probe_prep.py).
+    # KDA inputs on the H200 (call 1's prep step, benchmarks/sessions/2026-11-30_h200_session10.md).
     return cls(rows=32, num_warps=4)
 
 

@@ -13,7 +13,7 @@ gdn2_swa ("DS"), fg2_attn ("DDDA"), sdm ("SSSM"); size is one of
 so e.g. kda_340m, gdn2_swa_1.3b, sdm_ref. Every variant: vocabulary 32,000, bf16 compute (fp32 parameters),
 impl "auto", K = V = 128 per head; attention layers (S, A) use the mixers' heads, sliding windows 2048 tokens.
 SDM layers at the paper's scale (DESIGN.md section 3): 2 heads, 65,536 slots, top-128 write and read, values of
-1024 per head, sub-keys of 128 (the addressing width of experiments/bench_sdm.py). The SDM tables are parameters
+1024 per head, sub-keys of 128 (the addressing width of the sdm benchmark mode). The SDM tables are parameters
 (2 x 65,536 x 1024 per SDM layer, 805M in the 6 SDM layers of 24), so an sdm variant has far more parameters
 than its size names; without the tables it is within 7 % of it.
 

@@ -1,4 +1,5 @@
-"""Decode throughput and memory of whole language models at long contexts, against full attention.
+"""Decode throughput and memory of whole language models at long contexts, against full attention: the
+registry's `decode` mode.
 
 What is timed: `steps` greedy decoding steps (model.step, the argmax token fed back) in one jitted
 lax.scan, from sequence position `context` on; the median of `reps` device-synchronised runs after
@@ -24,6 +25,7 @@ cache. A recurrent model's cache shapes do not depend on the context and the pos
 one compiled decode serves every context of a batch size; full attention compiles per (batch, context).
 """
 
+import dataclasses
 import math
 import time
 
@@ -31,15 +33,48 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, write_tables
+from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
 from sdm_jax.models import LanguageModel, layer_letters
+from sdm_jax.models.config import VARIANTS, variant_config
 
 # The name of the full-attention model in a sweep: the peer every other model is compared with.
 ATTENTION = "attention"
+CHOICES = VARIANTS + (ATTENTION,)
 # The model fields a report's header shows; the JSON keeps every field of every model.
 SHOWN_FIELDS = ("width", "num_layers", "num_heads", "head_dim", "dtype", "window", "sdm_heads", "sdm_num_slots",
                 "sdm_topk_write", "sdm_topk_read", "sdm_value_dim")
 MEASURED = ("ms_per_step", "tokens_per_s", "vs_attention", "compile_s", "temp_bytes", "device_peak_bytes")
+
+
+def model_configs(variants, *, vocab_size, width, num_layers, num_heads, head_dim, overrides=()):
+  """{variant: its LanguageModel config}; every model gets the same width, layers and heads.
+
+  overrides: "field=value" strings, each set on every config (the value converted to the field's type).
+  """
+  unknown = [v for v in variants if v not in CHOICES]
+  if unknown or not variants:
+    raise ValueError(f"variants: expected some of {CHOICES}, got {list(variants)}")
+  configs = {}
+  for variant in variants:
+    # A full-attention model is any variant's config with every layer attention: the mixer goes unused.
+    config = variant_config(VARIANTS[0] if variant == ATTENTION else variant, vocab_size, width=width,
+                            num_heads=num_heads, head_dim=head_dim)
+    config.pattern = "A" if variant == ATTENTION else config.pattern
+    config.num_layers = num_layers
+    for item in overrides:
+      _override(config, item)
+    if set(layer_letters(config.pattern, num_layers)) != set(config.pattern):
+      raise ValueError(f"layers: {variant}'s pattern {config.pattern!r} needs at least {len(config.pattern)} "
+                       f"layers, got {num_layers}")
+    configs[variant] = config
+  return configs
+
+
+def _override(config, item):
+  field, _, value = item.partition("=")
+  if field not in config or not value:
+    raise ValueError(f"overrides: expected field=value with a field of {sorted(config)}, got {item!r}")
+  config[field] = type(config[field])(value)
 
 
 def cache_bytes(model, batch, max_len):
@@ -219,3 +254,34 @@ def write_report(records, meta, out_dir, tag, *, plot=True):
   if plot:
     plot_decode(records, paths["png"])
   return paths
+
+
+def _model_configs(settings):
+  s = settings
+  return model_configs(s.variants, vocab_size=s.vocab_size, width=s.width, num_layers=s.layers, num_heads=s.heads,
+                       head_dim=s.head_dim, overrides=s.overrides)
+
+
+def check_settings(settings):
+  """ValueError naming the setting unless `settings` (registry.DecodeSettings) can run."""
+  _model_configs(settings)
+  for name in ("batches", "contexts"):
+    values = getattr(settings, name)
+    if not values or min(values) < 1:
+      raise ValueError(f"{name}: expected positive integers, got {list(values)}")
+
+
+def bench(settings, out_dir, tag, log=print):
+  """The `decode` mode: run_sweep over `settings` (registry.DecodeSettings), the JSON and markdown rewritten after
+  every point and the plot once a (model, batch) has all its contexts; returns (records, paths)."""
+  s = settings
+  configs = _model_configs(s)
+  meta = {**run_metadata(), "config": dataclasses.asdict(s),
+          "model_configs": {name: c.to_dict() for name, c in configs.items()}}
+  progress = lambda records: write_report(records, meta, out_dir, tag, plot=len(records) % len(s.contexts) == 0)
+  records = run_sweep(configs, list(s.batches), list(s.contexts), steps=s.steps, reps=s.reps, seed=s.seed, log=log,
+                      on_progress=progress)
+  paths = write_report(records, meta, out_dir, tag)
+  log("\nwrote " + ", ".join(paths.values()))
+  log(f"\n{meta['device']}; vs attention = attention ms/step / ours\n" + format_table(records))
+  return records, paths

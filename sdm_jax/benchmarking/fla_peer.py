@@ -15,21 +15,30 @@ import importlib
 
 import numpy as np
 
-from sdm_jax.benchmarking.timing import median_ms
+from sdm_jax.benchmarking.timing import kernel_summary, median_ms
 
 PEER_OPS = {"kda": ("fla.ops.kda", "chunk_kda"), "gdn2": ("fla.ops.gdn2", "chunk_gdn2")}
+
+
+def unavailable():
+  """Why no torch peer can run here ("torch is not installed", "torch sees no CUDA device"), or None."""
+  try:
+    import torch
+  except ImportError:
+    return "torch is not installed"
+  if not torch.cuda.is_available():
+    return "torch sees no CUDA device"
+  return None
 
 
 def load_peer(mixer):
   """Returns (op, description), or (None, why there is no peer for `mixer` here)."""
   if mixer not in PEER_OPS:
     return None, f"no fla peer for {mixer}"
-  try:
-    import torch
-  except ImportError:
-    return None, "torch is not installed"
-  if not torch.cuda.is_available():
-    return None, "torch sees no CUDA device"
+  reason = unavailable()
+  if reason:
+    return None, reason
+  import torch
   module_name, name = PEER_OPS[mixer]
   try:
     op = getattr(importlib.import_module(module_name), name)
@@ -70,14 +79,18 @@ def peer_calls(op, arg_sets, readout):
   return sets, forward, forward_backward, lambda _: torch.cuda.synchronize()
 
 
-def time_peer(op, arg_sets, readout, reps):
+def time_peer(op, arg_sets, readout, reps, breakdown=False):
   """Times op's forward and forward+backward (`peer_calls`).
 
-  Returns ({"fwd_ms", "fwd_bwd_ms"}, o of the first set as np.float32).
+  Returns ({"fwd_ms", "fwd_bwd_ms", and with breakdown "kernels_fwd", "kernels_fwd_bwd": `timing.kernel_summary`
+  of one more run of each}, o of the first set as np.float32).
   """
   import torch
   sets, forward, forward_backward, sync = peer_calls(op, arg_sets, readout)
   timings = {"fwd_ms": median_ms(forward, sets, reps, sync), "fwd_bwd_ms": median_ms(forward_backward, sets, reps, sync)}
+  if breakdown:
+    for part, fn in (("fwd", forward), ("fwd_bwd", forward_backward)):
+      timings[f"kernels_{part}"] = kernel_summary(lambda fn=fn: sync(fn(*sets[0])), top=30)
   o = forward(*sets[0]).float().cpu().numpy()
   del sets
   torch.cuda.empty_cache()  # JAX shares this GPU

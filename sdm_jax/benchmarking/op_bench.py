@@ -1,20 +1,26 @@
-"""Throughput of the mixer ops over shapes (DESIGN.md section 7), with flash-linear-attention as the peer.
+"""Throughput of the mixer ops over shapes (DESIGN.md section 7), with flash-linear-attention as the peer: the
+registry's `ops` mode.
 
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
 sum(o * r) w.r.t. every input): median of `reps` warm runs that rotate between 3 input sets (on
 the GPU, device kernel time: `timing.median_ms`). A config that fails (OOM, an impl not built) is
-recorded with its error and the sweep goes on.
+recorded with its error and the sweep goes on. With breakdown, one more warm run of each is listed kernel by
+kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage it competes with.
 """
 
 
+import dataclasses
 import json
 
 import jax
 import numpy as np
 
+from sdm_jax import ops
 from sdm_jax.benchmarking import fla_peer
 from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.benchmarking.timing import compile_timed, error_text, median_ms, write_tables
+from sdm_jax.benchmarking.timing import (compile_timed, error_text, format_kernels, kernel_summary, median_ms,
+                                         run_metadata, write_tables)
+from sdm_jax.training.config import close_names
 
 INPUT_SETS = 3
 PEER = "fla"
@@ -28,17 +34,30 @@ def parse_shapes(text):
     raise ValueError(f"shapes: expected a list like 8x2048,1x16384, got {text!r}") from None
 
 
+def check_settings(settings):
+  """ValueError naming the setting unless `settings` (registry.OpsSettings) can run."""
+  unknown = [m for m in settings.mixers if m not in ops.MIXERS]
+  if unknown or not settings.mixers:
+    raise ValueError(f"mixers: expected some of {tuple(ops.MIXERS)}, got {list(settings.mixers)}"
+                     f"{close_names(unknown[0], ops.MIXERS) if unknown else ''}")
+  if not settings.impls:
+    raise ValueError("impls: expected at least one impl")
+  if not parse_shapes(",".join(settings.shapes)):
+    raise ValueError("shapes: expected at least one B x T")
+
+
 def _record(mixer, impl, B, T, timings=None, error=None, **extra):
   record = {"mixer": mixer, "impl": impl, "B": B, "T": T, "tokens": B * T, "error": error, **extra}
   for part in ("fwd", "fwd_bwd"):
     ms = timings[f"{part}_ms"] if timings else None
     record[f"{part}_ms"] = ms
     record[f"{part}_tokens_per_s"] = B * T / (ms * 1e-3) if ms else None
-  return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith("compile")}}
+  return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith(("compile", "kernels"))}}
 
 
-def time_impl(fn, arg_sets, readout, impl, chunk_size, reps):
-  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms}, o of the first set)."""
+def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False):
+  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, and with breakdown kernels_fwd and
+  kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of the first set)."""
   def forward(args):
     return fn(args, impl=impl, chunk_size=chunk_size)[0]
 
@@ -48,12 +67,16 @@ def time_impl(fn, arg_sets, readout, impl, chunk_size, reps):
   timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
              "fwd_ms": median_ms(fwd, [(args,) for args in arg_sets], reps),
              "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps)}
+  if breakdown:
+    timings["kernels_fwd"] = kernel_summary(lambda: jax.block_until_ready(fwd(arg_sets[0])))
+    timings["kernels_fwd_bwd"] = kernel_summary(lambda: jax.block_until_ready(step(arg_sets[0], readout, None)))
   return timings, np.asarray(fwd(arg_sets[0]), np.float32)
 
 
-def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, log=print,
-              on_progress=None):
-  """Times every (mixer, impl, shape), and the fla peer where `peer` and it loads.
+def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, breakdown=False,
+              log=print, on_progress=None):
+  """Times every (mixer, impl, shape), and the fla peer where `peer` and it loads; with breakdown, also each
+  run's kernels (`time_impl`).
 
   Returns (records, peer_notes {mixer: description or why skipped}). Our records carry
   `vs_peer_fwd` / `vs_peer_fwd_bwd` = peer ms / our ms (above 1: faster than the peer).
@@ -79,7 +102,7 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
       for impl in impls:
         log(f"{mixer} {impl} {B}x{T}: compiling and timing...")
         try:
-          timings, o = time_impl(fn, arg_sets, readout, impl, chunk_size, reps)
+          timings, o = time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown)
           ours.append(_record(mixer, impl, B, T, timings))
           o_ref = o if o_ref is None else o_ref
         except Exception as error:
@@ -90,16 +113,16 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, 
         on_progress(records, peer_notes)
       if peer_op is not None:
         log(f"{mixer} {PEER} {B}x{T}: timing...")
-        records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours))
+        records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours, breakdown))
       if on_progress is not None:
         on_progress(records, peer_notes)
   return records, peer_notes
 
 
-def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours):
+def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours, breakdown=False):
   try:
     host_sets = [{name: np.asarray(x) for name, x in args.items()} for args in arg_sets]
-    timings, o = fla_peer.time_peer(peer_op, host_sets, np.asarray(readout), reps)
+    timings, o = fla_peer.time_peer(peer_op, host_sets, np.asarray(readout), reps, breakdown)
   except Exception as error:
     return _record(mixer, PEER, B, T, error=error_text(error))
   # The peer must compute what we compute, or the ratio means nothing.
@@ -180,10 +203,50 @@ def merge_reports(json_paths):
   return [record for run in runs for record in run["results"]], meta
 
 
+def kernel_lines(records):
+  """Markdown lines: each record's kernels (`time_impl` with breakdown), forward and forward+backward."""
+  lines = []
+  for r in records:
+    for part, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
+      if r.get(f"kernels_{part}"):
+        lines += format_kernels(f"{r['mixer']} {r['impl']} {r['B']}x{r['T']} {label}", r[f"kernels_{part}"])
+  return lines
+
+
 def write_report(records, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md,png}; returns their paths."""
   notes = [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
   notes += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time"]
-  paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, format_table(records))
+  if meta.get("config", {}).get("breakdown") and not any(r.get("kernels_fwd") for r in records):
+    notes += ["- breakdown: no kernel list, CUPTI is not available on this backend"]
+  table = format_table(records)
+  kernels = kernel_lines(records)
+  if kernels:
+    table += "\n\n## Kernels (CUPTI, one warm run, same-named kernels summed)\n\n" + "\n".join(kernels)
+  paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, table)
   plot_throughput(records, paths["png"])
+  return paths
+
+
+def bench(settings, out_dir, tag, log=print):
+  """The `ops` mode: run_sweep over `settings` (registry.OpsSettings), the report rewritten after every shape;
+  returns (records, paths)."""
+  s = settings
+  meta = {**run_metadata(), "config": dataclasses.asdict(s)}
+  report = lambda records, notes: write_report(records, {**meta, "peer": notes}, out_dir, tag)
+  records, peer_notes = run_sweep(
+      s.mixers, s.impls, parse_shapes(",".join(s.shapes)), H=s.heads, K=s.head_dim, V=s.value_dim or s.head_dim,
+      dtype=s.dtype, chunk_size=s.chunk_size, reps=s.reps, seed=s.seed, peer=s.peer, breakdown=s.breakdown, log=log,
+      on_progress=report)
+  paths = report(records, peer_notes)
+  log("\nwrote " + ", ".join(paths.values()))
+  log(f"\n{meta['device']}, {s.dtype}, H={s.heads} K={s.head_dim}; vs fla = fla ms / our ms\n" + format_table(records))
+  return records, paths
+
+
+def merge(json_paths, out_dir, tag, log=print):
+  """One report (table, plot) of the `ops` reports of several runs (`merge_reports`); returns its paths."""
+  records, meta = merge_reports(json_paths)
+  paths = write_report(records, meta, out_dir, tag)
+  log("wrote " + ", ".join(paths.values()) + "\n" + format_table(records))
   return paths

@@ -1,7 +1,7 @@
 """Random inputs for every dense mixer of the registry `sdm_jax.ops.MIXERS`, and the readout loss the tools
 differentiate.
 
-Shared by experiments/compare_impls.py, experiments/bench_ops.py and kernel tests, so every tool
+Shared by experiments/compare_impls.py, the benchmark modes (ops, packed, kernels) and kernel tests, so every tool
 times and checks the same distribution: q, k, v ~ N(0, 1) (the op L2-normalises q and k), log
 decay g = log_sigmoid(N(1, 1)) (mostly in [-1, 0], fp32), gates sigmoid(N(0, 1)).
 """

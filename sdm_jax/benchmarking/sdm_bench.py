@@ -1,14 +1,19 @@
 """Timing Sparse Delta Memory: the op (forward, forward+backward) next to the dense GDN op at
 matching FLOPs, the table-row traffic of an entry-by-entry SDM forward, and product-key
-addressing through the Pallas kernel and through XLA."""
+addressing through the Pallas kernel and through XLA: the registry's `sdm` mode. With breakdown, the op's kernels
+by device time (CUPTI) too: sparse_tokens_fwd and sparse_tokens_bwd against the XLA work around them."""
+
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.benchmarking.op_bench import time_impl
+from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.benchmarking.timing import compile_timed, median_ms, write_tables
+from sdm_jax.benchmarking.timing import (compile_timed, error_text, format_kernels, kernel_summary, median_ms,
+                                         run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 
 INPUT_SETS = 3
@@ -31,8 +36,19 @@ def sdm_inputs(B, T, H, N, V, W, R, seed):
   return floats, ints
 
 
-def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=0):
-  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms} of sparse_delta_rule(impl=impl)."""
+def sdm_shapes(B, T, H, N, V, W, R):
+  """`sdm_inputs`' (floats, ints) as jax.ShapeDtypeStructs: the same shapes and dtypes, nothing drawn."""
+  f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
+  floats = {"m0": (H, N, V), "k_w": (B, T, H, W), "v": (B, T, H, V), "g": (B, T, H), "beta": (B, T, H),
+            "q_w": (B, T, H, R)}
+  floats = {name: jax.ShapeDtypeStruct(shape, bf16 if name == "v" else f32) for name, shape in floats.items()}
+  ints = {"k_idx": jax.ShapeDtypeStruct((B, T, H, W), i32), "q_idx": jax.ShapeDtypeStruct((B, T, H, R), i32)}
+  return floats, ints
+
+
+def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=0, breakdown=False):
+  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, and with breakdown kernels_fwd, kernels_fwd_bwd
+  (`timing.kernel_summary` of one more run)} of sparse_delta_rule(impl=impl)."""
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
   r_o = jnp.asarray(np.random.default_rng(seed).standard_normal((B, T, H, V), np.float32))
 
@@ -44,8 +60,12 @@ def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=
 
   fwd, compile_fwd_s = compile_timed(forward, *sets[0])
   step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0], r_o)
-  return {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
-          "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps)}
+  timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
+             "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps)}
+  if breakdown:
+    timings["kernels_fwd"] = kernel_summary(lambda: jax.block_until_ready(fwd(*sets[0])))
+    timings["kernels_fwd_bwd"] = kernel_summary(lambda: jax.block_until_ready(step(*sets[0], r_o)))
+  return timings
 
 
 def row_traffic(m0, k_idx, k_w, v, g, beta, q_idx, q_w):
@@ -92,12 +112,12 @@ def time_row_traffic(B, T, H, N, V, W, R, *, reps=10, seed=0):
   return {"compile_s": compile_s, "fwd_ms": fwd_ms, "row_bytes": row_bytes, "row_gb_per_s": row_bytes / fwd_ms / 1e6}
 
 
-def time_dense(mixer, B, T, H, K, V, *, impl="chunk", chunk_size=64, reps=10, seed=0):
-  """The same timings for a dense mixer (bf16 inputs), through the bench_ops path."""
+def time_dense(mixer, B, T, H, K, V, *, impl="chunk", chunk_size=64, reps=10, seed=0, breakdown=False):
+  """The same timings for a dense mixer (bf16 inputs), through the `ops` mode's path (`op_bench.time_impl`)."""
   built = [make_op_inputs(mixer, B, T, H, K, V, "bfloat16", seed + 10 * i, initial_state=False)
            for i in range(INPUT_SETS)]
   readout, _ = make_readouts(B, T, H, K, V, "bfloat16", seed, state=False)
-  timings, _ = time_impl(built[0][0], [args for _, args in built], readout, impl, chunk_size, reps)
+  timings, _ = time_impl(built[0][0], [args for _, args in built], readout, impl, chunk_size, reps, breakdown)
   return timings
 
 
@@ -126,5 +146,60 @@ def format_table(rows):
 
 def write_report(rows, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md}; returns their paths."""
-  paths = write_tables(rows, meta, out_dir, tag, "Sparse Delta Memory", [], format_table(rows))
+  table = format_table(rows)
+  kernels = [line for row in rows for part, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd"))
+             if row.get(f"kernels_{part}") for line in format_kernels(f"{row['what']} {label}", row[f"kernels_{part}"])]
+  notes = []
+  if meta.get("config", {}).get("breakdown") and not kernels:
+    notes = ["- breakdown: no kernel list, CUPTI is not available on this backend"]
+  if kernels:
+    table += "\n\n## Kernels (CUPTI, one warm run, same-named kernels summed)\n\n" + "\n".join(kernels)
+  paths = write_tables(rows, meta, out_dir, tag, "Sparse Delta Memory", notes, table)
   return {ext: paths[ext] for ext in ("json", "md")}
+
+
+def check_settings(settings):
+  """ValueError naming the setting unless `settings` (registry.SdmSettings) can run."""
+  if math.isqrt(settings.num_slots) ** 2 != settings.num_slots:
+    raise ValueError(f"num_slots: expected a perfect square (the addressing's sqrt(N) sub-keys), got "
+                     f"{settings.num_slots}")
+  if not parse_shapes(",".join(settings.shapes)):
+    raise ValueError("shapes: expected at least one B x T")
+
+
+def bench(settings, out_dir, tag, log=print):
+  """The `sdm` mode over `settings` (registry.SdmSettings), each measurement written as soon as it is made;
+  returns (rows, paths)."""
+  s = settings
+  meta = {**run_metadata(), "config": dataclasses.asdict(s)}
+  rows, paths = [], None
+
+  def record(name, fn, **kw):
+    log(f"{name}: compiling and timing...")
+    try:
+      result = fn(**kw)
+    except Exception as error:  # record it and go on with the rest
+      result = {"error": error_text(error)}
+    rows.append({"what": name, **result})
+    log(format_table(rows[-1:]).splitlines()[-1])
+    return write_report(rows, meta, out_dir, tag)
+
+  H, N, V, W, K = s.sdm_heads, s.num_slots, s.value_dim, s.topk, s.gdn_head_dim
+  for B, T in parse_shapes(",".join(s.shapes)):
+    for impl in s.impls:
+      # impl="pallas" walks the tokens without chunks: one run, whatever sdm_chunk_sizes says.
+      for C in s.sdm_chunk_sizes[:1 if impl == "pallas" else None]:
+        chunk = "" if impl == "pallas" else f" C={C}"
+        paths = record(f"sdm {impl}{chunk} {B}x{T} H={H} N={N} V={V} W=R={W}", time_sdm, B=B, T=T, H=H, N=N, V=V,
+                       W=W, R=W, impl=impl, chunk_size=C, reps=s.reps, breakdown=s.breakdown)
+      paths = record(f"gdn {impl} C={s.gdn_chunk_size} {B}x{T} H={s.gdn_heads} K=V={K}", time_dense, mixer="gdn",
+                     B=B, T=T, H=s.gdn_heads, K=K, V=K, impl=impl, chunk_size=s.gdn_chunk_size, reps=s.reps,
+                     breakdown=s.breakdown)
+    paths = record(f"sdm row traffic only, XLA {B}x{T} H={H} N={N} V={V} W=R={W}", time_row_traffic, B=B, T=T, H=H,
+                   N=N, V=V, W=W, R=W, reps=s.reps)
+  n = math.isqrt(N)
+  for impl in ("xla", "pallas"):
+    paths = record(f"product_key_address {impl} rows={s.address_rows}x{H} n={n} k={W} D={s.address_dim}",
+                   time_addressing, rows=s.address_rows, heads=H, n=n, k=W, dim=s.address_dim, impl=impl, reps=s.reps)
+  log(f"\nwrote {paths['json']}, {paths['md']}")
+  return rows, paths

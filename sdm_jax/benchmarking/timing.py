@@ -58,11 +58,32 @@ def kernel_times(run):
   return list(timings or [])
 
 
-def peak_device_bytes():
-  """The device's peak bytes in use since the process started (JAX cannot reset it), or None where the backend
-  keeps no memory statistics (the CPU)."""
-  stats = jax.devices()[0].memory_stats()
-  return stats.get("peak_bytes_in_use") if stats else None
+def kernel_summary(run, top=12):
+  """{"total_ms", "kernels", "top": [(kernel name, ms)]} of one synchronised run(), same-named kernels summed,
+  the `top` largest first (CUPTI); None where `kernel_timer_available` is not (a report notes why)."""
+  if not kernel_timer_available():
+    return None
+  sums = {}
+  for name, ms in kernel_times(run):
+    sums[name] = sums.get(name, 0.0) + ms
+  ordered = sorted(sums.items(), key=lambda item: -item[1])
+  return {"total_ms": sum(sums.values()), "kernels": len(sums), "top": ordered[:top]}
+
+
+def format_kernels(label, summary, width=100):
+  """Markdown lines listing one `kernel_summary` under `label`."""
+  lines = [f"- {label}: {summary['total_ms']:.3f} ms in {summary['kernels']} distinct kernels"]
+  return lines + [f"  - {ms:.3f} ms `{name[:width]}`" for name, ms in summary["top"]]
+
+
+def peak_device_bytes(every_device=False):
+  """The first device's peak bytes in use since the process started (JAX cannot reset it), or with every_device
+  the largest over the process's devices (per GPU, the number that must fit); None where the backend keeps no
+  memory statistics (the CPU)."""
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in (jax.local_devices() if every_device
+                                                                          else jax.devices()[:1])]
+  peaks = [p for p in peaks if p is not None]
+  return max(peaks) if peaks else None
 
 
 def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
@@ -106,22 +127,26 @@ def error_text(error):
 
 
 def run_metadata():
-  """Date, device and command line of this run, for every file a measuring tool writes."""
+  """Date, device, command line and the package directory (which tree ran) of this run, for every file a
+  measuring tool writes."""
+  import sdm_jax
   device = jax.devices()[0]
   return {
+      "package_dir": os.path.dirname(os.path.abspath(sdm_jax.__file__)),
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "device": device.device_kind,
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
       "timer": timer_name(),
-      "command": " ".join(["python", "-m", _module_name()] + sys.argv[1:]),
+      "command": command_line(),
   }
 
 
-def _module_name():
+def command_line():
+  """This process's command line as it was typed: 'python -m <module> <arguments>'."""
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
-  return spec.name if spec is not None else sys.argv[0]
+  return " ".join(["python", "-m", spec.name if spec is not None else sys.argv[0]] + sys.argv[1:])
 
 
 def write_tables(records, meta, out_dir, tag, title, notes, table):

@@ -1,11 +1,14 @@
 r"""Whole-model training steps of our language model: ms/step, tokens/s, peak device memory, model FLOPs
-utilisation (DESIGN.md section 7), one model config per process so that each peak is its own.
+utilisation (DESIGN.md section 7), one model config per process so that each peak is its own: the registry's
+`train` mode.
 
 `measure(spec)` runs in the process it is called in; `run(specs, ...)` starts one process per spec (ours
 through this module's __main__, fla's through `peer_train`), collects their JSON lines and writes the report
-(`<out_dir>/<date>_<tag>.{json,md,png}`) after every entry, so a run cut short keeps what it measured.
+(`<out_dir>/<date>_<tag>.{json,md,png}`) after every entry, so a run cut short keeps what it measured. Where torch
+cannot run a peer here (`fla_peer.unavailable`), `bench` leaves the peers out and says so in the report.
 """
 
+import dataclasses
 import json
 import os
 import statistics
@@ -44,18 +47,6 @@ class RandomTokens:
     return {"next_index": self.index}
 
 
-def _kernel_summary(run, top=12):
-  """[(kernel name, ms)] of one synchronised run, summed by name, largest first (CUPTI; None off the GPU)."""
-  from sdm_jax.benchmarking.timing import kernel_timer_available, kernel_times
-  if not kernel_timer_available():
-    return None
-  sums = {}
-  for name, ms in kernel_times(run):
-    sums[name] = sums.get(name, 0.0) + ms
-  ordered = sorted(sums.items(), key=lambda item: -item[1])
-  return {"total_ms": sum(sums.values()), "kernels": len(sums), "top": ordered[:top]}
-
-
 def measure(spec):
   """Times spec["steps"] training steps of the model config spec["model"] (a dict) at spec["batch"] x
   spec["seq_len"] after spec["warmup"] steps; returns a JSON-able dict.
@@ -68,7 +59,7 @@ def measure(spec):
   import ml_collections
   from flax import nnx
 
-  from sdm_jax.benchmarking.timing import peak_device_bytes
+  from sdm_jax.benchmarking.timing import kernel_summary, peak_device_bytes
   from sdm_jax.models import LanguageModel, count_params
   from sdm_jax.models.sharding import make_mesh, place_state
   from sdm_jax.training.loop import prefetch_to_device
@@ -81,10 +72,12 @@ def measure(spec):
   result = {"name": spec["name"], "side": "ours", "batch": B, "seq_len": T, "model": spec["model"],
             "device": jax.devices()[0].device_kind, "jax_version": jax.__version__}
   mesh = make_mesh()
+  fsdp = bool(train_config.get("fsdp", False))
   model = LanguageModel(model_config, rngs=nnx.Rngs(0))
-  place_state(model, mesh)
+  place_state(model, mesh, fsdp)
   optimizer = make_optimizer(model, train_config)
-  place_state(optimizer, mesh)
+  place_state(optimizer, mesh, fsdp)
+  result.update(devices=jax.device_count(), fsdp=fsdp)
   params = count_params(model)
   embedding = int(np.prod(model.embed.embedding.shape))
   result.update(params=params, non_embedding_params=params - embedding)
@@ -114,7 +107,7 @@ def measure(spec):
         jax.device_get(pending)
         pending.clear()
     loop_times.append(1e3 * (time.perf_counter() - start) / steps)
-  result["kernel_time"] = _kernel_summary(lambda: jax.device_get(step_fn(next(batches)[0])))
+  result["kernel_time"] = kernel_summary(lambda: jax.device_get(step_fn(next(batches)[0])))
 
   tokens = B * T
   ms = statistics.median(loop_times)
@@ -122,8 +115,8 @@ def measure(spec):
   result.update(
       ms_per_step_synced=statistics.median(synced), ms_per_step_loop=ms, loop_repeats_ms=loop_times,
       tokens_per_s_synced=tokens / statistics.median(synced) * 1e3, tokens_per_s=tokens / ms * 1e3,
-      flops_per_token=flops_per_token, mfu=flops_per_token * tokens / (ms * 1e-3) / PEAK_FLOPS,
-      peak_bytes=peak_device_bytes())
+      flops_per_token=flops_per_token, mfu=flops_per_token * tokens / (ms * 1e-3) / (PEAK_FLOPS * jax.device_count()),
+      peak_bytes=peak_device_bytes(every_device=True))
   return result
 
 
@@ -295,22 +288,55 @@ def plot(results, path, baseline=None):
   plt.close(fig)
 
 
-def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, log=print):
-  """Runs every spec in its own process, in order; rewrites the report after each. Returns the results."""
-  from sdm_jax.benchmarking.timing import write_tables
-  meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(sys.argv), "config": {
-      "entries": [s["name"] for s in specs]}}
-  results = []
+def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, notes=(), config=None, log=print):
+  """Runs every spec in its own process, in order; rewrites the report after each (`notes`: more lines for its
+  header; config: the settings it records beside the entries). Returns (results, the report's paths)."""
+  from sdm_jax.benchmarking.timing import command_line, write_tables
+  meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command_line(), "config": {
+      **(config or {}), "entries": [s["name"] for s in specs]}}
+  results, paths = [], None
   for spec in specs:
     results.append(run_process(spec, out_dir, timeout_s, log))
     meta["device"] = next((r["device"] for r in results if r.get("device")), "?")
-    notes = ["- one process per entry; ms/step is the median over repeats of the training loop's own way of",
-             "  stepping (prefetched batches, metrics fetched every log_every steps) for ours, back to back for fla;",
-             "  'synced' fetches the loss after every step. Peak memory: jax's peak_bytes_in_use (default allocator) /",
-             "  torch.cuda.max_memory_allocated. MFU: (6 x non-embedding params + mixer FLOPs) x tokens/s / 790 TFLOP/s."]
-    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", notes, table(results, baseline))
+    header = ["- one process per entry; ms/step is the median over repeats of the training loop's own way of",
+              "  stepping (prefetched batches, metrics fetched every log_every steps) for ours, back to back for fla;",
+              "  'synced' fetches the loss after every step. Peak memory: jax's peak_bytes_in_use (default allocator)",
+              "  / torch.cuda.max_memory_allocated. MFU: (6 x non-embedding params + mixer FLOPs) x tokens/s / 790",
+              "  TFLOP/s.", *notes]
+    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", header, table(results, baseline))
     plot(results, paths["png"], baseline)
-  return results
+  return results, paths
+
+
+def check_settings(settings):
+  """ValueError naming the setting unless `settings` (registry.TrainSettings) can run (every config loads)."""
+  from sdm_jax.benchmarking.peer_train import MODELS
+  if not settings.configs:
+    raise ValueError("configs: expected at least one path/to/config.py:variant")
+  unknown = [p for p in settings.peers if p not in MODELS]
+  if unknown:
+    raise ValueError(f"peers: expected some of {tuple(MODELS)}, got {list(settings.peers)}")
+  _specs(settings, settings.peers)
+
+
+def _specs(settings, peers):
+  s = settings
+  return build_specs(s.configs, remats=s.remat, peers=peers, batch=s.batch, seq_len=s.seq_len, steps=s.steps,
+                     warmup=s.warmup, log_every=s.log_every, overrides=s.overrides)
+
+
+def bench(settings, out_dir, tag, log=print):
+  """The `train` mode: one process per (config, remat policy), then per fla peer where torch can run one here;
+  returns (results, paths)."""
+  from sdm_jax.benchmarking.fla_peer import unavailable
+  why = unavailable() if settings.peers else None
+  peers = () if why else settings.peers
+  notes = [f"- fla peers {', '.join(settings.peers)} not timed: {why}"] if why else []
+  baseline = settings.baseline or (f"fla {peers[0]}" if peers else None)
+  results, paths = run(_specs(settings, peers), out_dir, tag, baseline=baseline, timeout_s=settings.timeout,
+                       notes=notes, config=dataclasses.asdict(settings), log=log)
+  log(table(results, baseline))
+  return results, paths
 
 
 def _main():

@@ -1,11 +1,14 @@
 """Language modelling on a pre-tokenized corpus (experiments/prepare_data.py writes one; sdm_jax.data.shards describes
 it): documents packed into rows with segment ids and positions (sdm_jax.data.packing).
 
-Train: every document of the split, shuffled globally from the seed and again each epoch, repeated without end;
-shard k of n packs documents k, k + n, k + 2n, ... of that order into its own rows (hosts read disjoint documents,
-so a host's batch is not a slice of one global packing). Validation: the documents in order, packed into global
-batches of data.batch_size rows on every host, shard k taking rows [k * b, (k + 1) * b): every host yields the same
-number of batches, and the shards' batches concatenate to the unsharded one; the last partial batch is dropped.
+Train: every document of the split, shuffled globally from the seed and again each epoch, repeated without end.
+Validation: the documents in order; the last partial batch is dropped. Both are packed into global batches of
+data.batch_size rows on every host, shard k of n taking rows [k * b, (k + 1) * b) with b = batch_size / n, so the
+shards' batches concatenate to the unsharded one (what one process reads), every host yields the same number of
+batches, and every shard's iterator holds the same state: the one state a checkpoint keeps (process 0's) resumes
+every host, on any number of hosts. Each host reads and packs every document; shards of disjoint documents, each
+packed on its own host, would make a run's batches depend on the number of hosts and its checkpoint miss the
+other hosts' states.
 
 A batch is {"inputs", "targets", "segment_ids", "positions": [B, T] int32, "mask": [B, T] float32}
 (packing.language_model_batch). Evaluation adds bits per byte: the mean loss in bits times the split's targets per
@@ -30,10 +33,10 @@ DEFAULT_VOCAB_SIZE = 4096  # experiments.prepare_data's default tokenizer, train
 @dataclasses.dataclass(frozen=True)
 class TokenCorpusConfig:
   """data_dir: a prepared corpus directory; vocab_size: the model's vocabulary, at least the tokenizer's;
-  packing: one of packing.PACKINGS; packing_bins: first-fit's rows packed at once (0: the rows of one batch of a
-  shard; more rows leave less padding); document_masks: False leaves segment_ids and positions out of the batches,
-  so the model runs each row as one sequence whose state crosses document starts (the unpacked kernels; for
-  comparing throughput)."""
+  packing: one of packing.PACKINGS; packing_bins: first-fit's rows packed at once (0: the rows of one global
+  batch, data.batch_size; more rows leave less padding); document_masks: False leaves segment_ids and positions
+  out of the batches, so the model runs each row as one sequence whose state crosses document starts (the
+  unpacked kernels; for comparing throughput)."""
   data_dir: str = DEFAULT_DATA_DIR
   vocab_size: int = DEFAULT_VOCAB_SIZE
   seq_len: int = 1024
@@ -72,25 +75,22 @@ def batches(data, split, *, shard_index, shard_count, read_options):
   documents = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(
       shards.split_paths(config.data_dir, split, manifest)))
   documents = documents.map(functools.partial(_document, manifest["token_dtype"]))
-  rows_per_shard = data.batch_size // shard_count
-  pack = functools.partial(packing.pack, seq_len=config.seq_len, packing=config.packing)
   if split == "train":
     # As in the text task: shuffle folds the epoch into its seed, so the seed is mixed first.
     seed = int(np.random.SeedSequence(config.seed).generate_state(1)[0])
-    documents = documents.shuffle(seed=seed).repeat()[shard_index::shard_count]
-    rows = pack(documents.to_iter_dataset(read_options), num_bins=config.packing_bins or rows_per_shard,
-                seed=seed, shuffle_bins=True)
-    result = rows.batch(rows_per_shard, drop_remainder=True)
+    documents, shuffle_bins = documents.shuffle(seed=seed).repeat(), True
   else:
     tokens = manifest["splits"][split]["tokens"]
     if tokens < data.batch_size * (config.seq_len + 1):
       raise ValueError(f"corpus {split}: {tokens} tokens, fewer than one global batch of {data.batch_size} rows of "
                        f"{config.seq_len + 1}; lower data.batch_size or data.seq_len")
-    rows = pack(documents.to_iter_dataset(read_options), num_bins=config.packing_bins or data.batch_size, seed=0,
-                shuffle_bins=False)
-    start = shard_index * rows_per_shard
-    result = rows.batch(data.batch_size, drop_remainder=True).map(
-        functools.partial(_rows_of_shard, start, start + rows_per_shard))
+    seed, shuffle_bins = 0, False
+  rows = packing.pack(documents.to_iter_dataset(read_options), seq_len=config.seq_len, packing=config.packing,
+                      num_bins=config.packing_bins or data.batch_size, seed=seed, shuffle_bins=shuffle_bins)
+  rows_per_shard = data.batch_size // shard_count
+  start = shard_index * rows_per_shard
+  result = rows.batch(data.batch_size, drop_remainder=True).map(
+      functools.partial(_rows_of_shard, start, start + rows_per_shard))
   result = result.map(packing.language_model_batch)
   if not config.document_masks:
     result = result.map(lambda batch: {k: v for k, v in batch.items() if k not in ("segment_ids", "positions")})

@@ -10,7 +10,9 @@ A task is a module (or any object) registered by name in pipeline.TASKS that pro
 
 or, instead of examples, for a task whose rows are not single examples (documents packed into rows),
     batches(data, split, *, shard_index, shard_count, read_options) -> grain.IterDataset of shard shard_index's
-        batches of data.batch_size // shard_count rows, with at least the keys above ([B, T]);
+        batches of data.batch_size // shard_count rows, with at least the keys above ([B, T]); the shards' n-th
+        batches concatenate in shard order to the n-th batch of shard_count=1, and every shard's iterator holds the
+        same state at the same batch (pipeline.py: what a global batch and a checkpoint of several hosts rely on);
 and optionally
     eval_metrics(data, split, loss) -> dict of metrics derived from a mean evaluation loss (bits per byte).
 

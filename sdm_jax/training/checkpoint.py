@@ -5,7 +5,9 @@ A checkpoint is saved only from a state whose every floating array is finite. Re
 metadata's step and the optimizer's step count against the checkpoint's step, its config against the run's
 (`config.RESUMABLE_FIELDS` aside), the data state against its copy, every floating array finite and every array's
 fingerprint as saved. Orbax does not checksum the array files, so a flipped bit otherwise comes back as a
-different, usually finite, number. A checkpoint that fails any check (or cannot be read) is moved aside to
+different, usually finite, number. Every array restores into the sharding that the array it replaces has in the
+reading run, so a checkpoint written on one mesh (any device count, FSDP or replicated) restores on another
+(tests/training/test_multi_device.py). A checkpoint that fails any check (or cannot be read) is moved aside to
 <workdir>/checkpoints_damaged/<step>, outside orbax's rotation, and the one before it is tried; a later save at
 the same step then works. Single host: several processes would each move the directory.
 """
@@ -110,8 +112,8 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def restore(self, model, optimizer=None, iterator=None, *, config=None, move_damaged=True):
-    """Restores the newest checkpoint that reads and passes the checks into model (and optimizer, iterator);
-    returns its step, or None when no checkpoint does.
+    """Restores the newest checkpoint that reads and passes the checks into model (and optimizer, iterator), each
+    array in the sharding its target has now; returns its step, or None when no checkpoint does.
 
     config: the run's config, which a checkpoint's must match (RESUMABLE_FIELDS aside); None skips that check.
     move_damaged: move a failing checkpoint to checkpoints_damaged/ (training) or only skip it (evaluation,

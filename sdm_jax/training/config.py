@@ -11,11 +11,13 @@ import ml_collections
 
 # The fields a resumed run may change. Everything else fixes what the run computes (the model, the data, the
 # optimizer and its schedule, the seed): a resume that changes any of them is refused, and --overwrite is the one
-# way to start afresh in a used workdir. These only change when things are logged, evaluated, saved or kept, and
-# how the host reads the data, never the parameters a step produces.
+# way to start afresh in a used workdir. These only change when things are logged, evaluated, saved or kept, how
+# the host reads the data, and how the arrays are placed on the devices (train.fsdp; a checkpoint restores into
+# the shardings of the run that reads it, on any number of devices), never the parameters a step produces. The
+# device count is no config field: a run may resume on another mesh whose devices divide its global batch.
 RESUMABLE_FIELDS = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
-    "data.num_threads", "data.prefetch_buffer_size",
+    "train.fsdp", "data.num_threads", "data.prefetch_buffer_size",
 )
 
 

@@ -1,7 +1,7 @@
-"""The whole-model benchmark on the CPU: one real entry through its own process (the report, table and plot
-it writes), the measurement in-process against what it says it measured, and the FLOP count."""
+"""The whole-model benchmark on the CPU: the measurement in-process against what it says it measured, the FLOP
+count, and a failing entry's process (one real entry through its own process and the report it writes:
+tests/benchmarking/test_bench.py)."""
 
-import json
 import math
 
 import ml_collections
@@ -53,15 +53,6 @@ def test_mixer_flops_count_each_letter():
   sliding, full = 2 * 4 * 8 * 6, 2 * 4 * 8 * 50
   sdm = 3 * (2 * 5 * (3 * 2 + 7) + 4 * 8 * 4 * 2)
   assert train_bench.mixer_flops_per_token(c, 100) == 3 * (delta + sliding + full + sdm)
-
-
-def test_run_writes_the_report_from_its_own_processes(tmp_path):
-  results = train_bench.run(specs(), str(tmp_path), "smoke", timeout_s=600, log=lambda line: None)
-  assert len(results) == 1 and not results[0].get("error"), results
-  report = json.loads(next(tmp_path.glob("*_smoke.json")).read_text())
-  assert report["results"][0]["ms_per_step_loop"] == results[0]["ms_per_step_loop"]
-  assert "| demo remat=none |" in next(tmp_path.glob("*_smoke.md")).read_text()
-  assert next(tmp_path.glob("*_smoke.png")).stat().st_size > 0
 
 
 def test_a_failing_entry_is_recorded_not_raised(tmp_path):

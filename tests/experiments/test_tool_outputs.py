@@ -39,7 +39,7 @@ def test_the_report_tools_write_outside_the_tracked_tree_by_default():
     found = re.search(r'DEFINE_string\("out_dir", "([^"]+)"', path.read_text())
     if found:
       defaults[path.stem] = found.group(1)
-  assert {"bench_ops", "bench_decode", "bench_train", "bench_sdm"} <= set(defaults)
+  assert "bench" in defaults
   for tool, out_dir in defaults.items():
     ignored = subprocess.run(["git", "check-ignore", "-q", f"{out_dir}/2026-01-01_{tool}.json"], cwd=ROOT)
     assert ignored.returncode == 0, f"{tool}: --out_dir={out_dir} is tracked"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import bench_decode
 from experiments.configs import common, paper
 from helpers import FP32_TOL, assert_close, call, cast, cotangents, make_inputs, outputs_and_grads, results, seed_of
 from sdm_jax import ops
+from sdm_jax.benchmarking import registry
 from sdm_jax.benchmarking.op_inputs import make_op_inputs
 from sdm_jax.layers import OUTPUT_GATES, DeltaMixer
 from sdm_jax.layers.delta import DEFAULT_OUTPUT_GATE
@@ -116,7 +116,7 @@ def test_every_mixer_is_wherever_mixers_are_listed(name):
   assert name in common.VARIANTS and f"{name}_340m" in paper.NAMES
   config = common.model_config(name, 32)
   assert (config.mixer, config.pattern) == (name, "D")
-  assert name in bench_decode.FLAGS["variants"].default
+  assert name in registry.settings("decode").variants
   # The tests that hold each mixer to its paper: the NumPy loop, the layer's gate widths, recurrent decoding.
   assert name in STEPS and name in GATE_WIDTHS and ("D", name) in CASES
 

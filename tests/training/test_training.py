@@ -1,14 +1,10 @@
 """The training program: exact resume, fallback from a damaged checkpoint, stopping on a non-finite
-loss, the weight-decay mask, and data-parallel training on 4 forced host devices; the loop that runs steps
-ahead of the host (metrics fetched at log, eval and checkpoint steps; batches prefetched) against one that
-fetches every step."""
+loss, the weight-decay mask; the loop that runs steps ahead of the host (metrics fetched at log, eval and
+checkpoint steps; batches prefetched) against one that fetches every step. Training on several devices, FSDP
+and resuming across device counts: test_multi_device.py."""
 
-import json
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -25,8 +21,6 @@ from sdm_jax.training.checkpoint import Checkpointer
 from sdm_jax.training.metrics import MetricsLog
 from sdm_jax.training.optimizer import make_optimizer
 from sdm_jax.training.steps import train_step
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def tiny_config(steps=6):
@@ -188,31 +182,6 @@ def test_resume_from_a_checkpoint_saved_with_batches_prefetched(tmp_path):
   straight, resumed = checkpoint_contents(tmp_path / "straight"), checkpoint_contents(tmp_path / "resumed")
   assert sorted(straight) == [3, 6, 9] and straight[9]["data"] == {"next_index": 9}
   assert_same_checkpoints(resumed, straight)
-
-
-def test_data_parallel_on_four_host_devices(tmp_path):
-  """The same step runs on a 4-device mesh (batch sharded, FSDP parameters) and matches 1 device."""
-  script = f"""
-import sys, json
-sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests' / 'training')!r})
-import jax
-from test_training import tiny_config, train_losses
-from sdm_jax.training import loop
-config = tiny_config(steps=3)
-config.train.fsdp = FSDP
-loop.train(config, sys.argv[1], log=lambda _: None)
-print(json.dumps({{"devices": len(jax.devices()), "losses": train_losses(sys.argv[1])}}))
-"""
-  results = {}
-  for name, devices, fsdp in (("one", 1, False), ("four", 4, True)):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", script.replace("FSDP", str(fsdp)), str(tmp_path / name)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-  assert results["four"]["devices"] == 4
-  one, four = results["one"]["losses"], results["four"]["losses"]
-  np.testing.assert_allclose([four[k] for k in sorted(four)], [one[k] for k in sorted(one)], rtol=1e-4)
 
 
 def test_masked_metrics_against_hand_computed_values():

@@ -1,11 +1,10 @@
-"""The decode benchmark (sdm_jax/benchmarking/decode_bench.py behind experiments/bench_decode.py) on tiny CPU models."""
+"""The decode benchmark (sdm_jax/benchmarking/decode_bench.py, the registry's decode mode) on tiny CPU models (the
+mode end to end, its report and plot: tests/benchmarking/test_bench.py)."""
 
-import json
 import math
 
 import pytest
 
-from experiments import bench_decode
 from sdm_jax.benchmarking import decode_bench
 from sdm_jax.benchmarking.decode_bench import ATTENTION, run_sweep
 
@@ -22,7 +21,7 @@ def quiet(line):
 
 @pytest.fixture(scope="module")
 def records():
-  configs = bench_decode.model_configs(["gdn2", "sdm", ATTENTION], **SIZES, overrides=OVERRIDES)
+  configs = decode_bench.model_configs(["gdn2", "sdm", ATTENTION], **SIZES, overrides=OVERRIDES)
   return run_sweep(configs, [1, 2], CONTEXTS, steps=STEPS, reps=1, log=quiet)
 
 
@@ -59,7 +58,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
   def out_of_memory(*args):
     raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
   monkeypatch.setattr(decode_bench, "compile_decode", out_of_memory)
-  configs = bench_decode.model_configs(["gdn"], **SIZES)
+  configs = decode_bench.model_configs(["gdn"], **SIZES)
   failed = run_sweep(configs, [1], CONTEXTS, steps=STEPS, reps=1, log=quiet)
   assert len(failed) == len(CONTEXTS)
   for r in failed:
@@ -69,30 +68,10 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
 
 def test_bad_inputs_raise_naming_what_is_allowed():
   with pytest.raises(ValueError, match=r"expected some of .*'gdn2'.*'sdm'.*'attention'.*got \['gdn3'\]"):
-    bench_decode.model_configs(["gdn3"], **SIZES)
+    decode_bench.model_configs(["gdn3"], **SIZES)
   with pytest.raises(ValueError, match="'SSSM' needs at least 4 layers, got 2"):
-    bench_decode.model_configs(["sdm"], **{**SIZES, "num_layers": 2})
+    decode_bench.model_configs(["sdm"], **{**SIZES, "num_layers": 2})
   with pytest.raises(ValueError, match="field of .*'window'"):
-    bench_decode.model_configs(["gdn"], **SIZES, overrides=["windw=4"])
+    decode_bench.model_configs(["gdn"], **SIZES, overrides=["windw=4"])
   with pytest.raises(ValueError, match="contexts"):
     run_sweep({}, [1], [0])
-
-
-def test_the_script_writes_json_markdown_and_plot(tmp_path, capsys):
-  argv = ["bench_decode", "--variants=gdn,attention", "--batches=1", "--contexts=8,16", "--steps=2", "--reps=1",
-          "--width=16", "--heads=2", "--head_dim=8", f"--out_dir={tmp_path}", "--tag=tiny"]
-  bench_decode.FLAGS(argv)
-  try:
-    bench_decode.main([])
-  finally:
-    bench_decode.FLAGS.unparse_flags()
-  (json_path,) = tmp_path.glob("*_tiny.json")
-  with open(json_path) as f:
-    saved = json.load(f)
-  assert {"date", "device", "command", "config", "model_configs", "results"} <= set(saved)
-  assert [(r["variant"], r["context"]) for r in saved["results"]] == [("gdn", 8), ("gdn", 16), (ATTENTION, 8),
-                                                                       (ATTENTION, 16)]
-  markdown = json_path.with_suffix(".md").read_text()
-  assert "| gdn | DDDD | 1 | 8 |" in markdown and "| attention | AAAA | 1 | 16 |" in markdown
-  assert json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  assert capsys.readouterr().out.rstrip().endswith(markdown.rstrip().splitlines()[-1])
