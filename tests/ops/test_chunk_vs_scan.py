@@ -62,9 +62,19 @@ FULL_SWEEP = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["chunk", "pallas"])
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("mixer", MIXERS)
+def _rotated(mixer, config, impl):
+  """CI runs three consecutive CONFIGS per mixer and impl, pallas's shifted by two from chunk's, so every mixer
+  meets all five configs and every impl meets each config with three mixers; the other pairs run with -m slow."""
+  first = MIXERS.index(mixer) + (2 if impl == "pallas" else 0)
+  return (CONFIGS.index(config) - first) % len(CONFIGS) < 3
+
+
+CASES = [pytest.param(mixer, config, impl, id=f"{mixer}-{config}-{impl}",
+                      marks=() if _rotated(mixer, config, impl) else pytest.mark.slow)
+         for mixer in MIXERS for config in CONFIGS for impl in ("chunk", "pallas")]
+
+
+@pytest.mark.parametrize("mixer, config, impl", CASES)
 def test_matches_float64_scan(x64, mixer, config, impl):
   _check_config(mixer, config, impl)
 
