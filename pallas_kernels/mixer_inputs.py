@@ -10,8 +10,8 @@ A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates)
   the l2norm of q and k, build and the casts were three or four fusions that read k twice (slower on the H200:
   benchmarks/sessions/2026-11-30_h200_session9.md). Its launch settings: `MixerInputsSettings`.
 
-The backward of both is XLA's: autodiff of `reference_inputs`, the same arithmetic on whole arrays (which is
-also how the other impls form their inputs). g is not read here; it goes to the rule as it is.
+The backward of both is XLA's: autodiff of the reference forming (`sdm_jax/ops/inputs.py`), the same arithmetic
+on whole arrays (which is also how the other impls form their inputs). g is not read here; it goes to the rule as it is.
 """
 
 import dataclasses
@@ -27,25 +27,10 @@ from jax.extend.core import Var
 EPS = 1e-6
 
 
-def l2norm(x, eps=EPS):
-  """x / ||x|| over the last axis, computed in fp32 (or float64)."""
+def _normalized(x):
+  """x / ||x|| over the last axis in fp32 (or float64), as the reference's l2norm (sdm_jax/ops/inputs.py)."""
   x = x.astype(jnp.promote_types(jnp.float32, x.dtype))
-  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
-
-
-def accumulation_dtype(io_dtype, *arrays):
-  """fp32, or wider where an input or io_dtype is."""
-  return jnp.result_type(jnp.float32, io_dtype, *[x.dtype for x in arrays])
-
-
-def reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates):
-  """(q, u, e, z) in io_dtype, by XLA: l2norm of q and k (when asked) and build, in the accumulation dtype."""
-  acc = accumulation_dtype(io_dtype, q, k, v, *gates)
-  if use_qk_l2norm:
-    q, k = l2norm(q), l2norm(k)
-  q, k, v = (x.astype(acc) for x in (q, k, v))
-  u, e, z = build(k, v, *[x.astype(acc) for x in gates])
-  return tuple(x.astype(io_dtype) for x in (q, u, e, z))
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + EPS)
 
 
 class Form(NamedTuple):
@@ -122,7 +107,7 @@ FORMED = form(_formed, ("key", "value", "key"), False)
 
 
 def row_norms(ref, width):
-  """[rows] 1 / ||x|| of each row of a [rows, D] ref as `l2norm` takes it, width columns at a time."""
+  """[rows] 1 / ||x|| of each row of a [rows, D] ref as `_normalized` takes it, width columns at a time."""
   rows, D = ref.shape
 
   def add(i, acc):
@@ -136,7 +121,7 @@ def _kernel(*refs, build, use_qk_l2norm, num_gates, acc):
   q_ref, k_ref, v_ref, gate_refs, out_refs = refs[0], refs[1], refs[2], refs[3:3 + num_gates], refs[3 + num_gates:]
   q, k, v = (r[...].astype(acc) for r in (q_ref, k_ref, v_ref))
   if use_qk_l2norm:
-    q, k = l2norm(q), l2norm(k)
+    q, k = _normalized(q), _normalized(k)
   u, e, z = build(k, v, *[r[...].astype(acc) for r in gate_refs])
   for ref, x in zip(out_refs, (q, u, e, z)):
     ref[...] = jnp.broadcast_to(x, ref.shape).astype(ref.dtype)
@@ -168,12 +153,12 @@ class MixerInputsSettings:
 
 
 def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, settings=None, interpret=False):
-  """(q, u, e, z) in io_dtype, as `reference_inputs` gives them, in one launch of settings.rows tokens per
-  program (`MixerInputsSettings`; None: its default). Not differentiable itself: impl="pallas" differentiates
-  `reference_inputs` instead.
+  """(q, u, e, z) in io_dtype, as the reference forming (`sdm_jax.ops.inputs.reference_inputs`) gives them, in one
+  launch of settings.rows tokens per program (`MixerInputsSettings`; None: its default). Not differentiable
+  itself: impl="pallas" differentiates the reference instead.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
-  as `fits` says). Inputs the kernel does not take go to `reference_inputs`.
+  as `fits` says: the caller forms other inputs by the reference).
   """
   settings = MixerInputsSettings.default() if settings is None else settings
   rows = settings.rows
@@ -181,7 +166,8 @@ def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, settings=None,
     raise ValueError(f"settings.rows: expected a power of two, got {rows}")
   io_dtype = jnp.dtype(io_dtype)
   if not fits(q, v):
-    return reference_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates)
+    raise ValueError(f"q, v: expected head dims that are powers of two >= 16, got K = {q.shape[-1]}, "
+                     f"V = {v.shape[-1]}")
   B, T, H, K = q.shape
   V = v.shape[-1]
   Tp = -(-T // rows) * rows
@@ -190,7 +176,7 @@ def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, settings=None,
   out = (jax.ShapeDtypeStruct((B, Tp, H, K), io_dtype),) * 3 + (jax.ShapeDtypeStruct((B, Tp, H, V), io_dtype),)
   outs = pl.pallas_call(
       functools.partial(_kernel, build=build, use_qk_l2norm=use_qk_l2norm, num_gates=len(gates),
-                        acc=accumulation_dtype(io_dtype, q, k, v, *gates)),
+                        acc=jnp.result_type(jnp.float32, io_dtype, *[x.dtype for x in (q, k, v, *gates)])),
       out_shape=out, grid=(B, H, Tp // rows),
       in_specs=[_block(x, rows) for x in (q, k, v, *gates)],
       out_specs=tuple(_block(x, rows) for x in out),

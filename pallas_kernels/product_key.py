@@ -25,22 +25,6 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.chunk_math import F32_DOT
 
 
-@functools.lru_cache(maxsize=None)
-def candidate_rank_pairs(k, m):
-  """The static rank pairs (i, j), i, j < m, with (i + 1) * (j + 1) <= k, in lexicographic order.
-
-  The (i + 1) * (j + 1) pairs ranked at or above (i, j) in both halves all have a sum at least as
-  large and come no later in the tie order, so (i, j) reaches the top k only if they number <= k.
-  Lexicographic order is the tie-break: lax.top_k keeps the earlier candidate among equal sums.
-  About k * ln(k) pairs instead of m * m.
-  Returns (rank1, rank2), read-only int32 numpy arrays of equal length.
-  """
-  rank1 = np.concatenate([np.full(min(k // (i + 1), m), i, np.int32) for i in range(min(k, m))])
-  rank2 = np.concatenate([np.arange(min(k // (i + 1), m), dtype=np.int32) for i in range(min(k, m))])
-  rank1.flags.writeable = rank2.flags.writeable = False
-  return rank1, rank2
-
-
 def _pow2(n, floor=16):
   return max(floor, 1 << (n - 1).bit_length())
 
@@ -126,11 +110,6 @@ def _address_kernel(x1_ref, x2_ref, c1_ref, c2_ref, rank1_ref, rank2_ref, idx_re
   weights_ref[...] = unnormalised / jnp.sum(unnormalised, axis=1, keepdims=True)
 
 
-def _num_candidates(k, n):
-  """The rank pairs of `candidate_rank_pairs`, padded to a power of two."""
-  return _pow2(len(candidate_rank_pairs(k, min(k, n))[0]))
-
-
 @dataclasses.dataclass(frozen=True)
 class ProductKeySettings:
   """Launch settings of `product_key_address`: block_rows query rows per program, sub-key score tiles of
@@ -140,35 +119,40 @@ class ProductKeySettings:
   num_warps: int
 
   @classmethod
-  def for_shape(cls, n, k):
-    """The rule for n sub-keys per half and k selected slots."""
+  def for_shape(cls, n, num_pairs):
+    """The rule for n sub-keys per half and num_pairs candidate rank pairs."""
     # Not swept: impl="xla" stays the default, the kernel being far slower than XLA's top-k path on the H200
     # (benchmarks/sessions/2026-11-30_h200_session11.md). num_warps: the live register tiles (one half's scores plus the
     # candidate sums and slots) at <= ~64 words a thread each.
     block_rows, n_pad = 16, _pow2(n)
-    elements = block_rows * (n_pad + 2 * _num_candidates(k, n))
+    elements = block_rows * (n_pad + 2 * _pow2(num_pairs))
     return cls(block_rows=block_rows, block_cols=min(128, n_pad),
                num_warps=min(16, max(4, _pow2(-(-elements // (32 * 64)), floor=1))))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "settings", "interpret"))
-def product_key_address(x1, x2, c1, c2, k, *, settings=None, interpret=False):
+@functools.partial(jax.jit, static_argnames=("k", "rank_pairs", "settings", "interpret"))
+def product_key_address(x1, x2, c1, c2, k, rank_pairs, *, settings=None, interpret=False):
   """Product-key addressing for every row and head: the k best slots, their softmax weights and scores.
 
   x1, x2: [M, H, D] query halves; c1, c2: [H, n, D] sub-key tables (one dtype for all four; float32
   products are near-fp32, 16-bit ones accumulate in float32). k: static int in [1, n * n].
   Returns idx [M, H, k] int32 (slot a * n + b, best first), weights [M, H, k] float32 (softmax of the
   selected scores) and scores [M, H, k] float32, with the tie order of product_key_topk.
-  M, n and D need not be powers of two (padded here). settings: `ProductKeySettings` (None: its rule for n, k).
+  rank_pairs: static (rank1, rank2), tuples of equal length: the pairs of per-half ranks that can reach the top k
+  (`sdm_jax.ops.product_key.candidate_rank_pairs`), the candidates' tie order. M, n and D need not be powers of
+  two (padded here). settings: `ProductKeySettings` (None: its rule for n and the number of pairs).
   """
   M, H, D = x1.shape
   n = c1.shape[1]
   if not 1 <= k <= n * n:
     raise ValueError(f"k: expected 1 <= k <= n * n = {n * n}, got {k}")
-  settings = ProductKeySettings.for_shape(n, k) if settings is None else settings
+  rank1, rank2 = (np.asarray(r, np.int32) for r in rank_pairs)
+  if rank1.shape != rank2.shape or rank1.ndim != 1 or not len(rank1):
+    raise ValueError(f"rank_pairs: expected two equal-length non-empty sequences, got lengths {len(rank_pairs[0])}"
+                     f" and {len(rank_pairs[1])}")
+  settings = ProductKeySettings.for_shape(n, len(rank1)) if settings is None else settings
   block_rows, block_cols = settings.block_rows, settings.block_cols
-  rank1, rank2 = candidate_rank_pairs(k, min(k, n))
-  num_candidates = _num_candidates(k, n)
+  num_candidates = _pow2(len(rank1))
   pad_ranks = lambda r: jnp.asarray(np.pad(r, (0, num_candidates - len(r)), constant_values=-1))
   m_pad, d_pad, n_pad, k_pad = -(-M // block_rows) * block_rows, _pow2(D), _pow2(n), _pow2(k)
   if n_pad % block_cols:

@@ -26,7 +26,8 @@ import numpy as np
 from pallas_kernels.delta_rule_bwd import IntraChunkBwdSettings, StatePassBwdSettings, intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import (ChunkCumsumSettings, IntraChunkSettings, StatePassSettings, chunk_cumsum,
                                            intra_chunk, state_pass)
-from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs, reference_inputs
+from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs
+from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax import ops
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_inputs import make_op_inputs

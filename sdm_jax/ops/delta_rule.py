@@ -9,8 +9,9 @@ then calls `run_mixer`, which checks the inputs and dispatches to an implementat
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.mixer_inputs import FORMED, accumulation_dtype, form, l2norm, reference_inputs
+from pallas_kernels.mixer_inputs import FORMED, form
 from sdm_jax.ops.chunk import delta_rule_chunk
+from sdm_jax.ops.inputs import accumulation_dtype, l2norm, reference_inputs
 from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.segments import check_segment_ids, mask_inputs

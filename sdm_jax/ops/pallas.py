@@ -6,7 +6,7 @@ forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.de
 then intra_chunk_bwd) the `Residuals`: the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads),
 the `ChunkTensors` with the fp32 inverse A, and the initial state; the backward runs the state pass again for the
 fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the gradients
-then go through the forming of q, u, e, z by autodiff of `mixer_inputs.reference_inputs`.
+then go through the forming of q, u, e, z by autodiff of `inputs.reference_inputs`.
 """
 
 import functools
@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
-from pallas_kernels.mixer_inputs import FORMED, mixer_inputs, reference_inputs
+from pallas_kernels.mixer_inputs import FORMED, fits, mixer_inputs
+from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops.segments import chunk_documents
 from sdm_jax.ops.validation import on_gpu
 
@@ -102,9 +103,9 @@ def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v,
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
-  """(q, u, e, z) in io_dtype for the backward kernels: written by one launch, or cast by XLA when they come
-  formed."""
-  if form is FORMED:
+  """(q, u, e, z) in io_dtype for the backward kernels: written by one launch, or by XLA when they come formed
+  (a cast) or the launch does not take the head dims."""
+  if form is FORMED or not fits(q, v):
     return _reference(form, io_dtype, q, k, v, gates)
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 

@@ -6,10 +6,32 @@ import operator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import product_key as product_key_kernel
-from pallas_kernels.product_key import candidate_rank_pairs
 from sdm_jax.ops.validation import check_float, check_shape, on_gpu, resolve_impl
+
+
+@functools.lru_cache(maxsize=None)
+def candidate_rank_pairs(k, m):
+  """The static rank pairs (i, j), i, j < m, with (i + 1) * (j + 1) <= k, in lexicographic order.
+
+  The (i + 1) * (j + 1) pairs ranked at or above (i, j) in both halves all have a sum at least as
+  large and come no later in the tie order, so (i, j) reaches the top k only if they number <= k.
+  Lexicographic order is the tie-break: lax.top_k keeps the earlier candidate among equal sums.
+  About k * ln(k) pairs instead of m * m.
+  Returns (rank1, rank2), read-only int32 numpy arrays of equal length.
+  """
+  rank1 = np.concatenate([np.full(min(k // (i + 1), m), i, np.int32) for i in range(min(k, m))])
+  rank2 = np.concatenate([np.arange(min(k // (i + 1), m), dtype=np.int32) for i in range(min(k, m))])
+  rank1.flags.writeable = rank2.flags.writeable = False
+  return rank1, rank2
+
+
+@functools.lru_cache(maxsize=None)
+def rank_pairs(k, n):
+  """candidate_rank_pairs(k, min(k, n)) as the Pallas kernel takes them: a static pair of tuples."""
+  return tuple(tuple(int(i) for i in ranks) for ranks in candidate_rank_pairs(k, min(k, n)))
 
 
 def _check(s1, s2, k):
@@ -117,7 +139,8 @@ def _subkey_scores(x, c):
 def _address_pallas(x1, x2, c1, c2, k):
   B, T, H, D = x1.shape
   idx, weights, _ = product_key_kernel.product_key_address(
-      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, interpret=not on_gpu())
+      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, rank_pairs(k, c1.shape[1]),
+      interpret=not on_gpu())
   return idx.reshape(B, T, H, k), weights.reshape(B, T, H, k)
 
 

@@ -127,6 +127,16 @@ def test_chunk_size_does_not_change_result(mixer, impl):
   assert_close(results(*small), results(*large), FP32_TOL[impl][0], f"{impl}: chunk_size 16 vs 64, {mixer}")
 
 
+def test_head_dims_the_kernels_pad():
+  """K = V = 24 (not a power of two): the pallas op pads the kernels' widths and forms q, u, e, z for its backward
+  by the reference, not the mixer_inputs launch; outputs and gradients as the chunk impl's."""
+  inputs = make_inputs("kda", 1, 20, 1, 24, 24, 1.0, "random", seed_of("head dims 24"), initial_state=True)
+  r_o, r_s = cotangents((1, 20, 1, 24), (1, 1, 24, 24), seed_of("head dims 24 weights"))
+  got, want = (results(*outputs_and_grads("kda", inputs, r_o, r_s, impl=impl, chunk_size=16, use_qk_l2norm=True))
+               for impl in ("pallas", "chunk"))
+  assert_close(got, want, FP32_TOL["pallas"][1], "pallas vs chunk at K = V = 24, kda")
+
+
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_padding_does_not_leak(mixer):
   """T=65 pads the last chunk; it must give the first 65 outputs of the unpadded T=128 run."""

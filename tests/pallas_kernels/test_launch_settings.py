@@ -10,6 +10,7 @@ from pallas_kernels.delta_rule_fwd import (SHARED_MEMORY, ChunkCumsumSettings, I
                                            StatePassSettings)
 from pallas_kernels.mixer_inputs import MixerInputsSettings
 from pallas_kernels.product_key import ProductKeySettings
+from sdm_jax.ops.product_key import candidate_rank_pairs
 
 B, T, H, K, V = 4, 4096, 16, 128, 128
 H200 = SHARED_MEMORY["9.0"]
@@ -43,4 +44,6 @@ def test_memory_bound_launches_and_addressing():
   assert ChunkCumsumSettings.default() == ChunkCumsumSettings(num_warps=4)
   assert MixerInputsSettings.default() == MixerInputsSettings(rows=32, num_warps=4)
   # The addressing bench: n = 256 sub-keys per half, k = 128 (benchmarks/sessions/2026-11-30_h200_session11.md).
-  assert ProductKeySettings.for_shape(256, 128) == ProductKeySettings(block_rows=16, block_cols=128, num_warps=16)
+  num_pairs = len(candidate_rank_pairs(128, 128)[0])
+  assert ProductKeySettings.for_shape(256, num_pairs) == ProductKeySettings(block_rows=16, block_cols=128,
+                                                                            num_warps=16)

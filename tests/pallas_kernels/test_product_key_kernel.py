@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.product_key import product_key_address as address_kernel
-from sdm_jax.ops.product_key import _subkey_scores, product_key_address, product_key_topk
+from sdm_jax.ops.product_key import _subkey_scores, product_key_address, product_key_topk, rank_pairs
 
 from lowering import TRITON_CALL, lower_for_h200
 
@@ -45,7 +45,7 @@ CONFIGS = [
 def test_kernel_matches_xla(B, T, H, n, k, D, values):
   x1, x2, c1, c2 = _inputs(B, T, H, n, D, values, zlib.crc32(repr((B, T, H, n, k, D, values)).encode()))
   flat = lambda x: x.reshape(B * T, H, D)
-  idx, weights, scores = address_kernel(flat(x1), flat(x2), c1, c2, k, interpret=True)
+  idx, weights, scores = address_kernel(flat(x1), flat(x2), c1, c2, k, rank_pairs(k, n), interpret=True)
   ref_scores, ref_idx = jax.jit(lambda *a: product_key_topk(_subkey_scores(*a[:2]), _subkey_scores(*a[2:]), k))(
       x1, c1, x2, c2)
   ref_weights = jax.nn.softmax(ref_scores, axis=-1)
@@ -96,5 +96,6 @@ def test_bad_input_raises(bad, name):
 def test_lowers_for_cuda(n, k, D, dtype):
   M, H = 40, 2
   spec = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
-  text = lower_for_h200(lambda *a: address_kernel(*a, k), spec(M, H, D), spec(M, H, D), spec(H, n, D), spec(H, n, D))
+  text = lower_for_h200(lambda *a: address_kernel(*a, k, rank_pairs(k, n)), spec(M, H, D), spec(M, H, D),
+                        spec(H, n, D), spec(H, n, D))
   assert text.count(TRITON_CALL) == 1
