@@ -28,11 +28,13 @@ class SparseDeltaMemory(RecurrentMixer):
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
   key_dim = the width of each sub-key (and of each query half), V = value_dim per head. rows_dtype and
   rows_segments choose what impl="pallas" keeps for its backward, table_dtype what it stores the table in
-  (`ops.sparse_delta_rule`).
+  (`ops.sparse_delta_rule`); address_impl how the slots are found (`ops.product_key_address`: "xla", the default,
+  or "pallas", its fused kernel, slower on the H200 so far).
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", dtype=jnp.float32, rngs):
+               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", address_impl="xla", dtype=jnp.float32,
+               rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
@@ -56,15 +58,14 @@ class SparseDeltaMemory(RecurrentMixer):
     self.topk_write, self.topk_read = topk_write, topk_read
     self.impl, self.chunk_size = impl, chunk_size
     self.rows_dtype, self.rows_segments, self.table_dtype = rows_dtype, rows_segments, table_dtype
+    self.address_impl = address_impl
 
   def address(self, query, k):
     """query: [B, T, H * 2 * key_dim] -> (slot indices, softmax weights), both [B, T, H, k]."""
     B, T, _ = query.shape
     halves = query.astype(jnp.float32).reshape(B, T, self.num_heads, 2, self.key_dim) * self.key_dim**-0.5
-    s1 = jnp.einsum("bthd,hnd->bthn", halves[..., 0, :], self.sub_keys_1[...])
-    s2 = jnp.einsum("bthd,hnd->bthn", halves[..., 1, :], self.sub_keys_2[...])
-    scores, idx = ops.product_key_topk(s1, s2, k)
-    return idx, jax.nn.softmax(scores, axis=-1)
+    return ops.product_key_address(halves[..., 0, :], halves[..., 1, :], self.sub_keys_1[...], self.sub_keys_2[...],
+                                   k, impl=self.address_impl)
 
   def init_cache(self, batch, max_len=None):
     """The decoding cache: the fp32 table "M" [B, H, N, V], starting from the learned m0.

@@ -28,6 +28,7 @@ def default_config():
   which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
   within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
   sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster).
+  sdm_address_impl: how the SDM finds its slots ("xla", or "pallas": the fused product-key kernel, the same slots).
   sdm_key_dim is the width of each sub-key (each half of an SDM query). tie_embeddings: the output head is the
   token embedding (no head parameters).
   """
@@ -55,6 +56,7 @@ def default_config():
   c.sdm_rows_dtype = "float32"
   c.sdm_rows_segments = 1
   c.sdm_table_dtype = "float32"
+  c.sdm_address_impl = "xla"
   c.dtype = "float32"
   c.remat = "none"
   c.tie_embeddings = False

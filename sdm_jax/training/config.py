@@ -102,6 +102,7 @@ def check_config(config, *, device_count=1):
   from sdm_jax.models import default_config as default_model_config
   from sdm_jax.models.lm import DTYPES, REMAT_POLICIES
   from sdm_jax.ops import MIXERS
+  from sdm_jax.ops.product_key import ADDRESS_IMPLS
   from sdm_jax.ops.validation import AUTO, IMPLS
 
   _check_fields("config", config, ("seed", "model", "data", "train"))
@@ -113,6 +114,7 @@ def check_config(config, *, device_count=1):
   check_choice("config.model.mixer", model.mixer, tuple(MIXERS))
   check_choice("config.model.impl", model.impl, (AUTO, *IMPLS))
   check_choice("config.model.sdm_impl", model.sdm_impl, (AUTO, *IMPLS))
+  check_choice("config.model.sdm_address_impl", model.sdm_address_impl, (AUTO, *ADDRESS_IMPLS))
   check_choice("config.model.remat", model.remat, tuple(REMAT_POLICIES))
   check_choice("config.model.dtype", model.dtype, tuple(DTYPES))
   _check_positive(config, ("train.steps", "train.log_every", "train.eval_every", "train.eval_batches",

@@ -15,14 +15,14 @@ from sdm_jax.layers.decay import A_RANGE, DT_RANGE
 B, T, WIDTH, H, N, W, R, KEY_DIM, V = 2, 20, 32, 2, 64, 4, 3, 8, 8
 
 
-def make_layer(impl, seed=0):
+def make_layer(impl, seed=0, address_impl="xla"):
   return SparseDeltaMemory(WIDTH, num_heads=H, num_slots=N, topk_write=W, topk_read=R, key_dim=KEY_DIM, value_dim=V,
-                           impl=impl, chunk_size=8, rngs=nnx.Rngs(seed))
+                           impl=impl, chunk_size=8, address_impl=address_impl, rngs=nnx.Rngs(seed))
 
 
 @functools.lru_cache(maxsize=None)
-def forward(impl):
-  graphdef, state = nnx.split(make_layer(impl))
+def forward(impl, address_impl="xla"):
+  graphdef, state = nnx.split(make_layer(impl, address_impl=address_impl))
   run = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
   return lambda x: run(state, x)
 
@@ -46,6 +46,23 @@ def test_chunk_matches_scan():
   ref, out = forward("scan")(x), forward("chunk")(x)
   assert out.shape == (B, T, WIDTH) and bool(jnp.all(jnp.isfinite(out)))
   assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) <= 1e-5
+
+
+def test_the_pallas_addressing_kernel_finds_the_same_slots():
+  """address_impl="pallas" (interpret mode here): the layer's output and its gradients as with XLA's top-k."""
+  x = inputs(4)
+
+  def loss_and_grads(address_impl):
+    graphdef, state = nnx.split(make_layer("chunk", address_impl=address_impl))
+    loss = lambda state: jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(state)
+
+  (loss, grads), (loss_xla, grads_xla) = loss_and_grads("pallas"), loss_and_grads("xla")
+  np.testing.assert_allclose(loss, loss_xla, rtol=1e-6)
+  # The kernel's scores are the same fp32 dot products summed in another order: each gradient within fp32 rounding.
+  for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    g_xla = np.asarray(dict(jax.tree_util.tree_leaves_with_path(grads_xla))[path])
+    assert np.linalg.norm(np.asarray(g) - g_xla) <= 1e-5 * np.linalg.norm(g_xla), jax.tree_util.keystr(path)
 
 
 def test_causal():
