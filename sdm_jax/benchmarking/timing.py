@@ -10,6 +10,7 @@ import time
 import jax
 
 from sdm_jax import jsonio
+from sdm_jax.ops.validation import on_gpu
 
 
 def compile_timed(fn, *args):
@@ -21,7 +22,7 @@ def compile_timed(fn, *args):
 
 def _cupti():
   """jax's CUPTI binding (the Mosaic GPU extension), or None off the GPU or where it is missing."""
-  if jax.default_backend() != "gpu":
+  if not on_gpu():
     return None
   try:
     from jax._src.lib import mosaic_gpu

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sdm_jax.ops.segments import document_index, document_positions
+from sdm_jax.ops.validation import on_gpu
 
 
 def rotary(x, base=10000.0, positions=None):
@@ -29,7 +30,7 @@ def flash_implementation(dtype, head_dim):
   Ampere), fp16 or bf16 inputs, and head_dim a multiple of 8, at most 256 from Hopper (9.0) on and 128 before
   (jax/_src/cudnn/fused_attention_stablehlo.py: check_layout, check_is_flash_attention).
   """
-  if jax.default_backend() != "gpu" or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_dim % 8:
+  if not on_gpu() or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_dim % 8:
     return "xla"
   version = getattr(jax.devices()[0], "compute_capability", "")  # "9.0" on CUDA, "gfx90a" on ROCm
   if not version[:1].isdigit():

@@ -12,6 +12,7 @@ from flax import nnx
 
 from sdm_jax.layers import Attention, Block, CausalConv, RMSNorm, rotary
 from sdm_jax.layers import attention as attention_module
+from sdm_jax.ops.validation import on_gpu
 
 B, T, WIDTH, H, D = 2, 12, 32, 2, 8
 
@@ -132,7 +133,7 @@ def lowered_text(layer, x):
   return jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)).lower(state, x).as_text()
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention runs on the GPU")
+@pytest.mark.skipif(not on_gpu(), reason="cuDNN flash attention runs on the GPU")
 @pytest.mark.parametrize("window", (None, 128), ids=("full", "sliding"))
 def test_cudnn_matches_xla_at_bf16(window, monkeypatch):
   layer = Attention(256, num_heads=4, head_dim=128, window=window, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))

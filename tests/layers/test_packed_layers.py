@@ -10,6 +10,7 @@ from flax import nnx
 
 from sdm_jax.layers import Attention, CausalConv, DeltaMixer
 from sdm_jax.layers import attention as attention_module
+from sdm_jax.ops.validation import on_gpu
 
 WIDTH, L, PAD = 32, 11, 2  # two documents of L tokens, then PAD of padding: one row of T = 24 (chunk 16)
 T = 2 * L + PAD
@@ -76,7 +77,7 @@ def test_attention_takes_positions():
   assert rel_err(layer(x, SEGMENT_IDS, jnp.arange(T)[None])[:, :2 * L], y[:, :2 * L]) < 1e-5
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention runs on the GPU")
+@pytest.mark.skipif(not on_gpu(), reason="cuDNN flash attention runs on the GPU")
 @pytest.mark.parametrize("window", (None, 128), ids=("full", "sliding"))
 def test_packed_cudnn_matches_xla_at_bf16(window, monkeypatch):
   """cuDNN takes the documents' mask as an additive [B, 1, T, T] bias; the xla path as a mask."""
