@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from corpus_helpers import VOCAB
-from sdm_jax.data import default_data_config, make_dataset, make_iterator, packing, pipeline, shards
+from sdm_jax.data import default_data_config, make_iterator, packing, pipeline, shards
 
 
 def _documents(lengths):
@@ -110,16 +110,6 @@ def test_a_restored_corpus_iterator_continues_with_the_same_batches(tiny_corpus,
     for key in batch:
       np.testing.assert_array_equal(batch[key], other[key])
   assert any(batch["segment_ids"].max() > 1 for batch in first + expected)  # rows do hold several documents
-
-
-def test_validation_shards_are_rows_of_the_global_batches(tiny_corpus):
-  config = corpus_config(tiny_corpus[0])
-  unsharded = list(make_dataset(config, "validation"))
-  shards_batches = [list(make_dataset(config, "validation", shard_index=k, shard_count=2)) for k in (0, 1)]
-  assert len(unsharded) >= 2 and {len(batches) for batches in shards_batches} == {len(unsharded)}
-  for step, batch in enumerate(unsharded):
-    for key in batch:
-      np.testing.assert_array_equal(np.concatenate([batches[step][key] for batches in shards_batches]), batch[key])
 
 
 def test_damaged_missing_and_unfinished_corpora_are_named(tiny_corpus, tmp_path):
