@@ -53,3 +53,17 @@ def test_json_outputs_write_non_finite_numbers_as_null(tmp_path):
   assert strict_json(log.path.read_text()) == {"split": "eval", "step": 1, "loss": None, "perplexity": None}
   paths = write_tables([{"ms": math.nan}], {"date": "2026-12-01T00:00:00", "config": {}}, tmp_path, "t", "T", [], "")
   assert strict_json(pathlib.Path(paths["json"]).read_text())["results"] == [{"ms": None}]
+
+
+def test_no_test_imports_a_command_line_tool():
+  """absl flags are global: two tools that define one flag name, imported into one pytest worker, raise
+  DuplicateFlagError (a CI failure of session 14). Tests call the libraries, and the tools only in subprocesses."""
+  tools = {path.stem for path in (ROOT / "experiments").glob("*.py") if "flags.DEFINE" in path.read_text()}
+  assert {"train", "bench", "prepare_data"} <= tools
+  pattern = re.compile(r"^\s*(?:from experiments import ([\w, ]+)|(?:from|import) experiments\.(\w+))", re.M)
+  found = []
+  for path in sorted((ROOT / "tests").rglob("*.py")):
+    for names, module in pattern.findall(path.read_text()):
+      imported = {name.strip() for name in names.split(",")} if names else {module}
+      found += [f"{path.relative_to(ROOT)}: experiments.{name}" for name in sorted(imported & tools)]
+  assert found == []
