@@ -165,11 +165,15 @@ class Checkpointer:
     if not move:
       self.warn(f"warning: checkpoint step {step} {problem}; skipping it")
       return
-    self.damaged_directory.mkdir(exist_ok=True)
     target, n = self.damaged_directory / str(step), 1
     while target.exists():
       target, n = self.damaged_directory / f"{step}.{n}", n + 1
-    shutil.move(str(self.directory / str(step)), str(target))
+    if jax.process_index() == 0:  # every process found the same problem (the checks read global arrays)
+      self.damaged_directory.mkdir(exist_ok=True)
+      shutil.move(str(self.directory / str(step)), str(target))
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
     self.manager.reload()
     self.warn(f"warning: checkpoint step {step} {problem}; moved it to {target}")
 

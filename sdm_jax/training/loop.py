@@ -135,12 +135,18 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
   shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
   iterator = make_iterator(config, "train", **shard)
   make_dataset(config, "validation", **shard)  # its errors too come before anything is written
-  run_dir.start(workdir, config, overwrite=overwrite)
+  # One process of a multi-process run writes the run's own files (orbax coordinates the checkpoints itself), after
+  # every process has checked the workdir as it was.
+  primary = jax.process_index() == 0
+  sync_processes("workdir checked")
+  if primary:
+    run_dir.start(workdir, config, overwrite=overwrite)
+  sync_processes("workdir started")
   log(f"model: {count_params(model):,} parameters; pattern {config.model.pattern!r}, mixer {config.model.mixer}, "
       f"impl {config.model.impl}; {len(jax.devices())} device(s)")
 
   checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
-  metrics_log = MetricsLog(workdir)
+  metrics_log = MetricsLog(workdir, writes=primary)
   with StopSignals() as stop:
     try:
       step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
@@ -191,8 +197,16 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
           raise TrainingInterrupted(stop.signum, step, checkpoints.latest_step(), checkpoints.directory)
     finally:
       checkpoints.close()
-      _plot(metrics_log, workdir / "metrics.png", log)
+      if primary:
+        _plot(metrics_log, workdir / "metrics.png", log)
   return step
+
+
+def sync_processes(name):
+  """Waits until every process of a multi-process run reaches this point (nothing to wait for in one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 def restore_for_eval(workdir, config):

@@ -8,20 +8,25 @@ from sdm_jax import jsonio
 
 
 class MetricsLog:
-  """Appends one JSON object per record to <workdir>/metrics.jsonl (kept across resumes)."""
+  """Appends one JSON object per record to <workdir>/metrics.jsonl (kept across resumes). writes=False (every
+  process of a multi-process run but the first): write and truncate do nothing, so one process keeps the file."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, *, writes=True):
     self.path = pathlib.Path(workdir) / "metrics.jsonl"
-    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self.writes = writes
+    if writes:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
 
   def write(self, record):
+    if not self.writes:
+      return
     with self.path.open("a") as f:
       f.write(jsonio.dumps(record) + "\n")
 
   def truncate(self, step):
     """Drops the records after `step` (those of a run's steps past the checkpoint it resumes from), so that a resumed
     run logs each step once."""
-    if not self.path.exists():
+    if not self.writes or not self.path.exists():
       return
     lines = self.path.read_text().splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
