@@ -68,6 +68,19 @@ class StopSignals:
   def __exit__(self, *exc):
     self._restore()
 
+  def requested(self, step, every):
+    """Whether to stop after `step`. In one process: once signalled. In a multi-process run a signal may reach
+    some processes only, or at different steps, and a process that stopped alone would leave the others waiting
+    in a collective: they agree, at every multiple of `every` steps, to stop when any of them was signalled."""
+    if jax.process_count() == 1:
+      return self.signum is not None
+    if step % every:
+      return False
+    from jax.experimental import multihost_utils
+    signalled = int(np.max(multihost_utils.process_allgather(np.int32(self.signum or 0))))
+    self.signum = self.signum or signalled or None
+    return bool(signalled)
+
 
 def build(config, mesh):
   model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
@@ -122,7 +135,8 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
   log, eval or checkpoint step, where they come back together and every loss and gradient norm since the last
   such step is checked, and a checkpoint is saved only from a state whose arrays are all finite; otherwise
   TrainingDiverged. SIGINT / SIGTERM stop the run at the next step boundary, save a checkpoint there (its metrics
-  finite) and raise TrainingInterrupted. The plot is written however the run ends.
+  finite) and raise TrainingInterrupted (in a multi-process run, all processes at the next multiple of log_every
+  steps, whichever of them was signalled: `StopSignals.requested`). The plot is written however the run ends.
   """
   workdir = pathlib.Path(workdir)
   check_config(config, device_count=jax.device_count())
@@ -163,7 +177,7 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
         metrics = step_fn(batch)
         step += 1
         pending.append((step, metrics))
-        stopping = stop.signum is not None
+        stopping = stop.requested(step, train_cfg.log_every)
         log_now = step % train_cfg.log_every == 0 or step == last or stopping
         eval_now = step % train_cfg.eval_every == 0 or step == train_cfg.steps
         save_now = step % train_cfg.checkpoint_every == 0 or step == last or stopping
