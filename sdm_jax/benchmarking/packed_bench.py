@@ -19,7 +19,7 @@ import numpy as np
 from sdm_jax import ops
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.benchmarking.sdm_bench import sdm_inputs
+from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_options
 from sdm_jax.benchmarking.timing import back_to_back_ms, error_text, median_ms, run_metadata, write_tables
 from sdm_jax.ops import sparse_delta_rule
 
@@ -50,9 +50,10 @@ def dense_calls(mixer, impl, chunk_size):
   return jax.jit(lambda args, r_o, segment_ids: o(args, segment_ids)), jax.jit(jax.value_and_grad(loss))
 
 
-def sdm_calls(impl, rows_dtype, rows_segments, table_dtype):
-  """(forward, forward+backward) of the SDM op, each (floats, ints, r_o, segment_ids or None) -> arrays."""
-  options = dict(impl=impl, rows_dtype=rows_dtype, rows_segments=rows_segments, table_dtype=table_dtype)
+def sdm_calls(impl, **options):
+  """(forward, forward+backward) of the SDM op with its keyword `options` (`sdm_bench.sdm_options`), each (floats,
+  ints, r_o, segment_ids or None) -> arrays."""
+  options = dict(impl=impl, **options)
 
   def o(floats, ints, segment_ids):
     return sparse_delta_rule(**floats, **ints, segment_ids=segment_ids, **options)[0]
@@ -61,17 +62,6 @@ def sdm_calls(impl, rows_dtype, rows_segments, table_dtype):
     return jnp.sum(o(floats, ints, segment_ids).astype(jnp.float32) * r_o)
 
   return jax.jit(lambda floats, ints, r_o, segment_ids: o(floats, ints, segment_ids)), jax.jit(jax.value_and_grad(loss))
-
-
-def sdm_option(text):
-  """'rows_dtype:rows_segments[:table_dtype]' -> (rows_dtype, rows_segments, table_dtype)."""
-  parts = text.split(":")
-  try:
-    if len(parts) not in (2, 3):
-      raise ValueError
-    return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "float32"
-  except ValueError:
-    raise ValueError(f"sdm_options: expected rows_dtype:rows_segments[:table_dtype], got {text!r}") from None
 
 
 def time_pair(forward, step, arg_sets, ids, reps):
@@ -120,7 +110,7 @@ def run_sweep(settings, log=print, on_progress=None):
         r_o = jnp.asarray(np.random.default_rng(1).standard_normal((B, T, H, V), np.float32))
         for option in s.sdm_options:
           def compute(option=option):
-            forward, step = sdm_calls(s.impl, *sdm_option(option))
+            forward, step = sdm_calls(s.impl, **sdm_options(option, "sdm_options"))
             _, grads = step(*sets[0], r_o, ids)
             finite = all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
             timed = time_pair(forward, step, [(*x, r_o) for x in sets], ids, s.reps)
@@ -165,7 +155,7 @@ def check_settings(settings):
   if not shapes or any(T <= settings.docs for _, T in shapes) or settings.docs < 1:
     raise ValueError(f"docs: expected 1 <= docs < T for every shape, got {settings.docs} for {settings.shapes}")
   for option in settings.sdm_options:
-    sdm_option(option)
+    sdm_options(option, "sdm_options")
 
 
 def bench(settings, out_dir, tag, log=print):

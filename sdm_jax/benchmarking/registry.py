@@ -419,11 +419,12 @@ def link_trees(records, entry):
   key = lambda r: tuple(json.dumps(r.get(k), sort_keys=True) for k in entry.key)
   base = {key(r): r for r in records if r["tree"] == "base"}
   for r in records:
-    other = base.get(key(r)) if r["tree"] == "this" else None
+    if r["tree"] != "this":
+      continue
+    other = base.get(key(r), {})
     for field in entry.compared:
-      ours, theirs = r.get(field), (other or {}).get(field)
-      if r["tree"] == "this":
-        r[f"vs_base_{field}"] = theirs / ours if ours and theirs else None
+      ours, theirs = r.get(field), other.get(field)
+      r[f"vs_base_{field}"] = theirs / ours if ours and theirs else None
 
 
 def _cell(value):

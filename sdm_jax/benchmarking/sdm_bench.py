@@ -15,6 +15,7 @@ from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
 from sdm_jax.benchmarking.timing import (compile_timed, error_text, format_kernels, kernel_summary, median_ms,
                                          run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
+from sdm_jax.ops.sparse_pallas import check_rows_options
 
 INPUT_SETS = 3
 
@@ -34,6 +35,21 @@ def sdm_inputs(B, T, H, N, V, W, R, seed):
   ints = {"k_idx": jnp.asarray(rng.integers(0, N, (B, T, H, W)), jnp.int32),
           "q_idx": jnp.asarray(rng.integers(0, N, (B, T, H, R)), jnp.int32)}
   return floats, ints
+
+
+def sdm_options(text, setting):
+  """'rows_dtype:rows_segments[:table_dtype]' -> sparse_delta_rule's keyword options for impl="pallas", checked by
+  the op's own rule; ValueError naming `setting` otherwise."""
+  parts = text.split(":")
+  try:
+    if len(parts) not in (2, 3):
+      raise ValueError(f"{len(parts)} fields, not 2 or 3")
+    options = {"rows_dtype": parts[0], "rows_segments": int(parts[1]),
+               "table_dtype": parts[2] if len(parts) == 3 else "float32"}
+    check_rows_options(**options)
+  except ValueError as error:
+    raise ValueError(f"{setting}: expected rows_dtype:rows_segments[:table_dtype], got {text!r} ({error})") from None
+  return options
 
 
 def sdm_shapes(B, T, H, N, V, W, R):

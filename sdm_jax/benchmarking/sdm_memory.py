@@ -22,10 +22,9 @@ import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_compare import error_row
-from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_shapes
+from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
 from sdm_jax.ops import sparse_delta_rule
-from sdm_jax.ops.sparse_pallas import check_rows_options
 
 IMPLS = ("scan", "chunk", "pallas")
 
@@ -36,15 +35,7 @@ def parse_entry(entry):
   expected = f"impl[:rows_dtype:rows_segments[:table_dtype]] with impl one of {IMPLS} (options: pallas only)"
   if impl not in IMPLS or len(rest) not in (0, 2, 3) or (rest and impl != "pallas"):
     raise ValueError(f"entries: expected {expected}, got {entry!r}")
-  if not rest:
-    return impl, {}
-  try:
-    options = {"rows_dtype": rest[0], "rows_segments": int(rest[1]),
-               "table_dtype": rest[2] if len(rest) == 3 else "float32"}
-    check_rows_options(**options)
-  except ValueError as error:
-    raise ValueError(f"entries: {entry!r}: {error}") from None
-  return impl, options
+  return impl, sdm_options(":".join(rest), "entries") if rest else {}
 
 
 def _forward(impl, options, chunk_size):

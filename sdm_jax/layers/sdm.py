@@ -33,8 +33,8 @@ class SparseDeltaMemory(RecurrentMixer):
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", address_impl="xla", dtype=jnp.float32,
-               rngs):
+               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", address_impl="xla",
+               dtype=jnp.float32, rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")

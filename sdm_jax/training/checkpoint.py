@@ -9,7 +9,7 @@ different, usually finite, number. Every array restores into the sharding that t
 reading run, so a checkpoint written on one mesh (any device count, FSDP or replicated) restores on another
 (tests/training/test_multi_device.py). A checkpoint that fails any check (or cannot be read) is moved aside to
 <workdir>/checkpoints_damaged/<step>, outside orbax's rotation, and the one before it is tried; a later save at
-the same step then works. Single host: several processes would each move the directory.
+the same step then works; in a multi-process run the first process moves it and the others wait.
 """
 
 import functools
@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sdm_jax.training.config import config_differences
-from sdm_jax.training.workdir import DAMAGED
+from sdm_jax.training.workdir import DAMAGED, sync_processes
 
 
 class NonFiniteState(ValueError):
@@ -171,9 +171,7 @@ class Checkpointer:
     if jax.process_index() == 0:  # every process found the same problem (the checks read global arrays)
       self.damaged_directory.mkdir(exist_ok=True)
       shutil.move(str(self.directory / str(step)), str(target))
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
+    sync_processes(f"checkpoint {step} moved aside")
     self.manager.reload()
     self.warn(f"warning: checkpoint step {step} {problem}; moved it to {target}")
 

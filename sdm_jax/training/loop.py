@@ -152,10 +152,10 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
   # One process of a multi-process run writes the run's own files (orbax coordinates the checkpoints itself), after
   # every process has checked the workdir as it was.
   primary = jax.process_index() == 0
-  sync_processes("workdir checked")
+  run_dir.sync_processes("workdir checked")
   if primary:
     run_dir.start(workdir, config, overwrite=overwrite)
-  sync_processes("workdir started")
+  run_dir.sync_processes("workdir started")
   log(f"model: {count_params(model):,} parameters; pattern {config.model.pattern!r}, mixer {config.model.mixer}, "
       f"impl {config.model.impl}; {len(jax.devices())} device(s)")
 
@@ -214,13 +214,6 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
       if primary:
         _plot(metrics_log, workdir / "metrics.png", log)
   return step
-
-
-def sync_processes(name):
-  """Waits until every process of a multi-process run reaches this point (nothing to wait for in one process)."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)
 
 
 def restore_for_eval(workdir, config):

@@ -16,6 +16,7 @@ import json
 import pathlib
 import shutil
 
+import jax
 import ml_collections
 
 from sdm_jax.training.config import RESUMABLE_FIELDS, config_differences
@@ -64,6 +65,13 @@ def check_start(workdir, config, *, resume=True, overwrite=False):
     raise WorkdirError(f"workdir: {held}, trained with another config: {'; '.join(differences)}. Resume it with "
                        f"its own config (only {', '.join(RESUMABLE_FIELDS)} may change) or pass --overwrite to "
                        f"delete that run and start afresh")
+
+
+def sync_processes(name):
+  """Waits until every process of a multi-process run reaches this point (nothing to wait for in one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 def start(workdir, config, *, overwrite=False):
