@@ -160,38 +160,64 @@ def _numeric(values):
   return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
+def _ties(points, where, field):
+  """The fields that move with `field` (set with it on one axis, like data.seq_len with data.batch_size): over the
+  entries holding both, each value of one goes with exactly one value of the other."""
+  tied = set()
+  others = {other for entry in points if field in entry[where] for other in entry[where]} - {field}
+  for other in others:
+    pairs = {(_key(entry[where][field]), _key(entry[where][other])) for entry in points
+             if field in entry[where] and other in entry[where]}
+    if len(pairs) > 1 and len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs}):
+      tied.add(other)
+  return tied
+
+
+def _state_entries(points):
+  """The entries a plot against the state reads: the training configuration's evaluations."""
+  return [entry for entry in points if not entry["eval_point"]]
+
+
 def plot_axes(points):
-  """The x axes worth a plot: every numeric grid or evaluation field with more than one value, and the state size
-  when it varies."""
+  """The x axes worth a plot: every numeric grid or evaluation field with more than one value (one per set of
+  fields that move together: the first), and the state size when some mixer has more than one."""
   grid, evals = _axes(points)
-  axes = []
+  axes, covered = [], set()
   for field in grid + evals:
     where = "point" if field in grid else "eval_point"
     values = {entry[where].get(field) for entry in points if field in entry[where]}
-    if len(values) > 1 and _numeric(values):
-      axes.append((where, field))
-  if len({entry[STATE_AXIS] for entry in points}) > 1:
+    if (where, field) in covered or len(values) < 2 or not _numeric(values):
+      continue
+    axes.append((where, field))
+    covered |= {(where, other) for other in _ties(points, where, field)}
+  states = {}
+  for entry in _state_entries(points):
+    states.setdefault(entry["mixer"], set()).add(entry[STATE_AXIS])
+  if any(len(values) > 1 for values in states.values()):
     axes.append((None, STATE_AXIS))
   return axes
 
 
 def _lines(points, where, field):
   """{line label: [(x, entry)]}: a line per mixer (its variant where a variant axis names it) and per value of
-  every axis other than x; against the state, a line per mixer and per value of the data and evaluation fields
-  only (the model fields are what moves the state)."""
-  grid, evals = _axes(points)
+  every other field that tells the plotted entries apart (not those that move with x, not constant ones); against
+  the state, a line per mixer and per value of the data fields of the grid, over the training configuration's
+  evaluations (the model fields are what moves the state)."""
+  if where is None:
+    chosen = [(entry[STATE_AXIS], entry, {k: v for k, v in entry["point"].items() if k.startswith("data.")})
+              for entry in _state_entries(points)]
+  else:
+    tied = _ties(points, where, field) | {field, sweep.VARIANT, "model.mixer"}
+    chosen = [(entry[where][field], entry, {k: v for k, v in (entry["point"] | entry["eval_point"]).items()
+                                            if k not in tied})
+              for entry in points if field in entry[where]]
+  # A field with one value in every plotted entry tells no line from another.
+  fields = {k for _, _, others in chosen for k in others}
+  constant = {k for k in fields if all(k in others for _, _, others in chosen)
+              and len({_key(others[k]) for _, _, others in chosen}) == 1}
   lines = {}
-  for entry in points:
-    if where is None:
-      x = entry[STATE_AXIS]
-      others = {k: v for k, v in entry["point"].items() if k.startswith("data.")} | entry["eval_point"]
-    else:
-      if field not in entry[where]:
-        continue
-      x = entry[where][field]
-      others = {k: v for k, v in (entry["point"] | entry["eval_point"]).items()
-                if k != field and k != sweep.VARIANT and not (where == "eval_point" and k == field)}
-    suffix = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in others.items())
+  for x, entry, others in chosen:
+    suffix = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in others.items() if k not in constant)
     # Against the state, a line is a mixer across its sizes (variants of one mixer at several widths join).
     name = entry["mixer"] if where is None else entry["label"]
     lines.setdefault(name + (f" ({suffix})" if suffix else ""), []).append((x, entry))
@@ -204,8 +230,9 @@ def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   metrics = [metric for metric in metrics if any(metric in entry for entry in points)]
-  fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
   lines = _lines(points, where, field)
+  fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics) + 3.5, max(4.5, 0.22 * len(lines))),
+                           squeeze=False)
   xs = [x for members in lines.values() for x, _ in members]
   for ax, metric in zip(axes[0], metrics):
     for label, members in lines.items():
@@ -221,7 +248,8 @@ def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
     ax.set(xlabel=field if where is not None else "recurrent state elements (all layers)",
            ylabel=f"{metric.replace('_', ' ')} ({round(100 * CONFIDENCE)} % t-interval over seeds)", ylim=(-0.02, 1.02))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+  # One legend, right of the last panel, clear of the data.
+  axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -160,8 +160,19 @@ def test_summary_merges_workdirs_and_writes_table_json_and_plots(demo, tmp_path)
   assert at_32["accuracy"]["ci"] == pytest.approx(sweep_summary.t_interval([0.5, 0.5, 0.7])[1])
   assert at_32["label"] == "gdn" and at_32["state_elements"] == 2 * 2 * 32 * 32  # 2 layers of H=2, K=V=32
   assert accuracies[64] == [p for p in points if p["eval_point"] == {"data.seq_len": 64}][0]["accuracy"]["mean"]
-  for suffix in (".json", ".md", "_head_dim.png", "_value_dim.png", "_seq_len.png", "_state_elements.png"):
+  for suffix in (".json", ".md", "_head_dim.png", "_seq_len.png", "_state_elements.png"):
     assert (tmp_path / "out" / f"summary{suffix}").stat().st_size > 0
+  # value_dim moves with head_dim (one axis of fields set together): one plot, and no line per value_dim.
+  assert not (tmp_path / "out" / "summary_value_dim.png").exists()
+  assert sweep_summary.plot_axes(points) == [("point", "model.head_dim"), ("eval_point", "data.seq_len"),
+                                             (None, "state_elements")]
+  assert sorted(sweep_summary._lines(points, "eval_point", "data.seq_len")) == [
+      "gdn (head_dim=16, value_dim=16)", "gdn (head_dim=32, value_dim=32)", "kda (head_dim=16, value_dim=16)",
+      "kda (head_dim=32, value_dim=32)"]
+  by_head = sweep_summary._lines(points, "point", "model.head_dim")
+  assert sorted(by_head) == ["gdn", "gdn (seq_len=32)", "gdn (seq_len=64)", "kda", "kda (seq_len=32)",
+                             "kda (seq_len=64)"]
+  assert [x for x, _ in by_head["gdn (seq_len=32)"]] == [16, 32]
   table = (tmp_path / "out" / "summary.md").read_text()
   assert "| gdn | gdn | 32 | 32 | 32 |" in table and "0.5667 ± 0.2868" in table
   stored = json.loads((tmp_path / "out" / "summary.json").read_text())
