@@ -8,7 +8,7 @@
 #
 # Wheels the H200 image lacks: see benchmarks/run_h200.sh (carry ".whl").
 # With the device tool: command "bash benchmarks/recall/run_h200.sh <step>", carry [".whl"].
-# steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3), 1 seed
+# steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3, its default), 1 seed
 #        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
 #                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
 #        niah     S-NIAH-1 and MK-NIAH-1, trained at 1024 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128
