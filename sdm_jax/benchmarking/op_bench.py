@@ -2,8 +2,9 @@
 registry's `ops` mode.
 
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
-sum(o * r) w.r.t. every input): median of `reps` warm runs that rotate between 3 input sets (on
-the GPU, device kernel time: `timing.median_ms`). A config that fails (OOM, an impl not built) is
+sum(o * r) w.r.t. every input) with SPEC.md section 7's two timers, over calls that rotate between 3 input sets:
+the median of `reps` warm runs (on the GPU, device kernel time: `timing.median_ms`), and the host clock around
+`reps` back-to-back calls (`timing.back_to_back_ms`: dispatch and launch gaps included). A config that fails (OOM, an impl not built) is
 recorded with its error and the sweep goes on. With breakdown, one more warm run of each is listed kernel by
 kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage it competes with.
 """
@@ -18,8 +19,8 @@ import numpy as np
 from sdm_jax import ops
 from sdm_jax.benchmarking import fla_peer
 from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
-from sdm_jax.benchmarking.timing import (compile_timed, error_text, format_kernels, kernel_summary, median_ms,
-                                         run_metadata, write_tables)
+from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
+                                         median_ms, run_metadata, write_tables)
 from sdm_jax.training.config import close_names
 
 INPUT_SETS = 3
@@ -52,12 +53,14 @@ def _record(mixer, impl, B, T, timings=None, error=None, **extra):
     ms = timings[f"{part}_ms"] if timings else None
     record[f"{part}_ms"] = ms
     record[f"{part}_tokens_per_s"] = B * T / (ms * 1e-3) if ms else None
+    record[f"{part}_host_ms"] = timings.get(f"{part}_host_ms") if timings else None
   return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith(("compile", "kernels"))}}
 
 
 def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False):
-  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, and with breakdown kernels_fwd and
-  kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of the first set)."""
+  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to
+  back), and with breakdown kernels_fwd and kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of
+  the first set)."""
   def forward(args):
     return fn(args, impl=impl, chunk_size=chunk_size)[0]
 
@@ -66,7 +69,9 @@ def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False):
                                        arg_sets[0], readout, None)
   timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
              "fwd_ms": median_ms(fwd, [(args,) for args in arg_sets], reps),
-             "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps)}
+             "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps),
+             "fwd_host_ms": back_to_back_ms(fwd, [(args,) for args in arg_sets], reps),
+             "fwd_bwd_host_ms": back_to_back_ms(step, [(args, readout, None) for args in arg_sets], reps)}
   if breakdown:
     timings["kernels_fwd"] = kernel_summary(lambda: jax.block_until_ready(fwd(arg_sets[0])))
     timings["kernels_fwd_bwd"] = kernel_summary(lambda: jax.block_until_ready(step(arg_sets[0], readout, None)))
@@ -128,8 +133,8 @@ def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours
   # The peer must compute what we compute, or the ratio means nothing.
   rel = None if o_ref is None else float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref))
   for record in ours:
-    for part in ("fwd", "fwd_bwd"):
-      if record[f"{part}_ms"]:
+    for part in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host"):
+      if record[f"{part}_ms"] and timings.get(f"{part}_ms"):
         record[f"vs_peer_{part}"] = timings[f"{part}_ms"] / record[f"{part}_ms"]
   return _record(mixer, PEER, B, T, timings, out_rel_err_vs_ours=rel)
 
@@ -141,16 +146,19 @@ def _fmt(x, spec):
 def format_table(records):
   """A markdown table: one row per (mixer, impl, shape)."""
   lines = ["| mixer | impl | B x T | fwd ms | fwd Mtok/s | fwd+bwd ms | fwd+bwd Mtok/s | vs fla fwd | "
-           "vs fla fwd+bwd | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "vs fla fwd+bwd | back to back fwd / fwd+bwd ms | vs fla back to back | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in records:
     note = r["error"] or ""
     if r.get("out_rel_err_vs_ours") is not None:
       note = f"o rel err vs ours {r['out_rel_err_vs_ours']:.1e}"
     mtoks = [None if r[f"{p}_tokens_per_s"] is None else r[f"{p}_tokens_per_s"] / 1e6 for p in ("fwd", "fwd_bwd")]
-    ratios = [None if r.get(f"vs_peer_{p}") is None else f"{r[f'vs_peer_{p}']:.2f}x" for p in ("fwd", "fwd_bwd")]
+    ratios = [None if r.get(f"vs_peer_{p}") is None else f"{r[f'vs_peer_{p}']:.2f}x"
+              for p in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host")]
+    host = f"{_fmt(r.get('fwd_host_ms'), '.3f')} / {_fmt(r.get('fwd_bwd_host_ms'), '.3f')}"
     cells = [r["mixer"], r["impl"], f"{r['B']}x{r['T']}", _fmt(r["fwd_ms"], ".3f"), _fmt(mtoks[0], ".2f"),
-             _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-", ratios[1] or "-", note]
+             _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-", ratios[1] or "-", host,
+             f"{ratios[2] or '-'} / {ratios[3] or '-'}", note]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

@@ -72,7 +72,7 @@ def time_pair(forward, step, arg_sets, ids, reps):
     row = {}
     for layout, segment_ids in (("unpacked", None), ("packed", ids)):
       row[f"{layout}_ms"] = median_ms(fn, [(*args, segment_ids) for args in arg_sets], reps)
-      row[f"{layout}_host_ms"] = back_to_back_ms(fn, (*arg_sets[0], segment_ids), reps)
+      row[f"{layout}_host_ms"] = back_to_back_ms(fn, [(*arg_sets[0], segment_ids)], reps)
     row["ratio"] = row["packed_ms"] / row["unpacked_ms"]
     row["ratio_host"] = row["packed_host_ms"] / row["unpacked_host_ms"]
     timed[part] = row

@@ -195,8 +195,8 @@ def _ops_env(settings):
 MODES = {entry.name: entry for entry in (
     Mode("ops", "the dense mixers' ops, forward and forward+backward, over shapes; fla's Triton kernels beside them",
          OpsSettings, {"shapes": ("1x256",), "heads": 2, "head_dim": 32}, "sdm_jax.benchmarking.op_bench",
-         key=("mixer", "impl", "B", "T"), compared=("fwd_ms", "fwd_bwd_ms"), base_settings={"peer": False},
-         env=_ops_env),
+         key=("mixer", "impl", "B", "T"), compared=("fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms"),
+         base_settings={"peer": False}, env=_ops_env),
     Mode("train", "whole-model training steps (ms/step, tokens/s, peak memory, MFU), one process per entry; fla's "
          "HF models beside them", TrainSettings,
          {"configs": ("experiments/configs/mqar.py:demo",), "steps": 3, "warmup": 1},
@@ -206,7 +206,7 @@ MODES = {entry.name: entry for entry in (
          "product-key addressing", SdmSettings,
          {"shapes": ("1x64",), "num_slots": 1024, "value_dim": 32, "topk": 8, "gdn_heads": 2, "gdn_head_dim": 32,
           "address_rows": 256, "address_dim": 32}, "sdm_jax.benchmarking.sdm_bench", key=("what",),
-         compared=("fwd_ms", "fwd_bwd_ms")),
+         compared=("fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms")),
     Mode("decode", "greedy decoding tokens/s and cache bytes per sequence of every mixer's model at long contexts, "
          "against full attention", DecodeSettings,
          {"contexts": (64, 256), "width": 64, "heads": 2, "head_dim": 32, "steps": 8, "reps": 2},

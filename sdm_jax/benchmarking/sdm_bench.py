@@ -12,8 +12,8 @@ import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
-from sdm_jax.benchmarking.timing import (compile_timed, error_text, format_kernels, kernel_summary, median_ms,
-                                         run_metadata, write_tables)
+from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
+                                         median_ms, run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.sparse_pallas import check_rows_options
 
@@ -63,8 +63,8 @@ def sdm_shapes(B, T, H, N, V, W, R):
 
 
 def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=0, breakdown=False):
-  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, and with breakdown kernels_fwd, kernels_fwd_bwd
-  (`timing.kernel_summary` of one more run)} of sparse_delta_rule(impl=impl)."""
+  """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to back), and with
+  breakdown kernels_fwd, kernels_fwd_bwd (`timing.kernel_summary` of one more run)} of sparse_delta_rule(impl=impl)."""
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
   r_o = jnp.asarray(np.random.default_rng(seed).standard_normal((B, T, H, V), np.float32))
 
@@ -77,7 +77,9 @@ def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=
   fwd, compile_fwd_s = compile_timed(forward, *sets[0])
   step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0], r_o)
   timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
-             "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps)}
+             "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps),
+             "fwd_host_ms": back_to_back_ms(fwd, sets, reps),
+             "fwd_bwd_host_ms": back_to_back_ms(step, [(*s, r_o) for s in sets], reps)}
   if breakdown:
     timings["kernels_fwd"] = kernel_summary(lambda: jax.block_until_ready(fwd(*sets[0])))
     timings["kernels_fwd_bwd"] = kernel_summary(lambda: jax.block_until_ready(step(*sets[0], r_o)))
@@ -150,13 +152,14 @@ def time_addressing(rows, heads, n, k, dim, *, impl, reps=10, seed=0):
 def format_table(rows):
   """Markdown table of bench rows ({"what", fwd_ms?, fwd_bwd_ms?, error?, row_bytes?}); a missing time
   is '-'; a row traffic row notes its bytes and bandwidth."""
-  lines = ["| what | fwd ms | fwd+bwd ms | note |", "|---|---|---|---|"]
+  lines = ["| what | fwd ms | fwd+bwd ms | back to back fwd / fwd+bwd ms | note |", "|---|---|---|---|---|"]
   for row in rows:
     cell = lambda key: f"{row[key]:.3f}" if row.get(key) is not None else "-"
     note = row.get("error", "")
     if "row_bytes" in row:
       note = f"{row['row_bytes'] / 1e9:.3g} GB of rows at {row['row_gb_per_s']:.0f} GB/s"
-    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {note} |")
+    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {cell('fwd_host_ms')} / "
+                 f"{cell('fwd_bwd_host_ms')} | {note} |")
   return "\n".join(lines)
 
 

@@ -110,14 +110,16 @@ def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
   return statistics.median(times)
 
 
-def back_to_back_ms(fn, args, reps):
-  """The host clock around `reps` back-to-back calls of fn(*args) after a warm one, one synchronisation at the end,
-  per call (ms): what a training loop sees, launch gaps and dispatch included (DESIGN.md section 7)."""
-  jax.block_until_ready(fn(*args))
+def back_to_back_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
+  """The host clock around `reps` back-to-back calls of fn(*arg_sets[i % len(arg_sets)]) after a warm call of each
+  set, one sync(result) at the end, per call (ms): what a training loop sees, launch gaps and dispatch included
+  (SPEC.md section 7's second timer)."""
+  for args in arg_sets:
+    sync(fn(*args))
   start = time.perf_counter()
-  for _ in range(reps - 1):
-    fn(*args)
-  jax.block_until_ready(fn(*args))
+  for i in range(reps - 1):
+    fn(*arg_sets[i % len(arg_sets)])
+  sync(fn(*arg_sets[(reps - 1) % len(arg_sets)]))
   return 1e3 * (time.perf_counter() - start) / reps
 
 

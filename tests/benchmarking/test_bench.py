@@ -170,12 +170,15 @@ def test_kernels_times_every_kernel_at_every_grid_point(tmp_path):
 def test_link_trees_pairs_points_and_takes_base_over_this():
   entry = registry.MODES["ops"]
   point = {"mixer": "kda", "impl": "pallas", "B": 1, "T": 64}
-  records = [{**point, "tree": "this", "fwd_ms": 2.0, "fwd_bwd_ms": None}, {**point, "impl": "fla", "tree": "this"},
-             {**point, "tree": "base", "fwd_ms": 3.0, "fwd_bwd_ms": 5.0}]
+  records = [{**point, "tree": "this", "fwd_ms": 2.0, "fwd_bwd_ms": None, "fwd_host_ms": 4.0},
+             {**point, "impl": "fla", "tree": "this"},
+             {**point, "tree": "base", "fwd_ms": 3.0, "fwd_bwd_ms": 5.0, "fwd_host_ms": 10.0}]
   registry.link_trees(records, entry)
   assert records[0]["vs_base_fwd_ms"] == pytest.approx(1.5) and records[0]["vs_base_fwd_bwd_ms"] is None
   assert records[1]["vs_base_fwd_ms"] is None and "vs_base_fwd_ms" not in records[2]
-  assert "| kda | pallas | 1 | 64 | this | 2 | - | 1.50x | - |  |" in registry.compare_table(records, entry)
+  assert records[0]["vs_base_fwd_host_ms"] == pytest.approx(2.5)
+  assert ("| kda | pallas | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
+          in registry.compare_table(records, entry))
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
@@ -189,6 +192,7 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
   ours = json.loads(next((tmp_path / "trees_trees" / "this").glob("*_trees.json")).read_text())
   good, bad = ours["results"]
   assert good["error"] is None and 0 < good["fwd_ms"] < 1e5 and 0 < good["fwd_bwd_ms"] < 1e5
+  assert 0 < good["fwd_host_ms"] < 1e5 and 0 < good["fwd_bwd_host_ms"] < 1e5  # the second timer, back to back
   assert good["fwd_tokens_per_s"] == pytest.approx(16 / (good["fwd_ms"] * 1e-3))
   assert bad["fwd_ms"] is None and "no_such_impl" in bad["error"]
   assert ours["peer"]["kda"] in PEER_ABSENT and ours["timer"].startswith("host wall clock")

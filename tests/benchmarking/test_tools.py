@@ -139,7 +139,8 @@ def test_sdm_shapes_are_those_of_the_drawn_inputs():
 
 def test_sdm_report_lists_times_and_errors(tmp_path):
   from sdm_jax.benchmarking import sdm_bench
-  rows = [{"what": "sdm chunk", "fwd_ms": 1.5, "fwd_bwd_ms": 4.25}, {"what": "addressing", "fwd_ms": 2.0},
+  rows = [{"what": "sdm chunk", "fwd_ms": 1.5, "fwd_bwd_ms": 4.25, "fwd_host_ms": 1.75, "fwd_bwd_host_ms": 5.0},
+          {"what": "addressing", "fwd_ms": 2.0},
           {"what": "sdm pallas", "error": "ValueError: nope"},
           {"what": "row traffic", "fwd_ms": 2.0, "row_bytes": 51_539_607_552, "row_gb_per_s": 25769.8}]
   paths = sdm_bench.write_report(rows, {**run_metadata(), "config": {"reps": 2}}, str(tmp_path), "tiny")
@@ -147,10 +148,10 @@ def test_sdm_report_lists_times_and_errors(tmp_path):
     assert json.load(f)["results"] == rows
   with open(paths["md"]) as f:
     markdown = f.read()
-  assert "| sdm chunk | 1.500 | 4.250 |  |" in markdown
-  assert "| addressing | 2.000 | - |  |" in markdown
-  assert "| sdm pallas | - | - | ValueError: nope |" in markdown
-  assert "| row traffic | 2.000 | - | 51.5 GB of rows at 25770 GB/s |" in markdown
+  assert "| sdm chunk | 1.500 | 4.250 | 1.750 / 5.000 |  |" in markdown
+  assert "| addressing | 2.000 | - | - / - |  |" in markdown
+  assert "| sdm pallas | - | - | - / - | ValueError: nope |" in markdown
+  assert "| row traffic | 2.000 | - | - / - | 51.5 GB of rows at 25770 GB/s |" in markdown
 
 
 def test_median_ms_off_the_gpu_is_wall_time_of_synchronised_calls():
@@ -165,3 +166,17 @@ def test_median_ms_off_the_gpu_is_wall_time_of_synchronised_calls():
   ms = timing.median_ms(lambda x: x + 1, [(1,), (2,)], reps=3, sync=slow_sync)
   assert 20 <= ms < 1000, ms
   assert synced == [2, 3, 2, 3, 2]  # two warm-up runs, then three timed ones rotating the input sets
+
+
+def test_back_to_back_ms_syncs_once_after_the_warm_calls_and_rotates_the_sets():
+  """The second timer: one warm call (synced) per input set, then `reps` calls rotating the sets with a single
+  sync at the end, per call."""
+  import time
+  calls, synced = [], []
+  def fn(x):
+    calls.append(x)
+    time.sleep(0.01)
+    return x
+  ms = timing.back_to_back_ms(fn, [(1,), (2,)], reps=4, sync=synced.append)
+  assert calls == [1, 2, 1, 2, 1, 2] and synced == [1, 2, 2]
+  assert 10 <= ms < 1000, ms
