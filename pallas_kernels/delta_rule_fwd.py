@@ -74,8 +74,8 @@ def norms(form, q_ref, k_ref, width):
 
 
 def document_spec(C):
-  """[B, T] int32 arrays (the chunk-local document counts of packed sequences), one chunk per program of a
-  (B, H, N) grid."""
+  """[B, T] int32 arrays of packed sequences (the chunk-local document counts, the decay's keep mask), one chunk
+  per program of a (B, H, N) grid."""
   return pl.BlockSpec((pl.squeezed, C), lambda b, h, n: (b, n))
 
 
@@ -230,8 +230,12 @@ def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_re
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
 
-def _chunk_cumsum_kernel(g_ref, G_ref):
-  G_ref[...] = jnp.cumsum(g_ref[...].astype(jnp.float32), axis=0)
+def _chunk_cumsum_kernel(g_ref, *refs):
+  *keep_ref, G_ref = refs
+  g = g_ref[...].astype(jnp.float32)
+  if keep_ref:  # packed documents: g counts only where keep is nonzero
+    g = jnp.where(keep_ref[0][...][:, None] != 0, g, 0.0)
+  G_ref[...] = jnp.cumsum(g, axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,17 +250,21 @@ class ChunkCumsumSettings:
     return cls(num_warps=4)
 
 
-def chunk_cumsum(g, chunk_size, interpret=False, *, settings=None):
+def chunk_cumsum(g, chunk_size, interpret=False, *, keep=None, settings=None):
   """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program.
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
   plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/sessions/2026-11-30_h200_session9.md).
-  settings: `ChunkCumsumSettings` (None: its default)."""
+  keep: None, or for packed documents [B, T] int32, nonzero where g counts (g is taken as 0 elsewhere: padding and
+  document starts), so that g needs no masking pass of its own. settings: `ChunkCumsumSettings` (None: its default)."""
   settings = ChunkCumsumSettings.default() if settings is None else settings
   B, T, H, K = g.shape
+  specs, arrays = [chunk_spec(chunk_size, K)], (g,)
+  if keep is not None:
+    specs, arrays = specs + [document_spec(chunk_size)], arrays + (keep,)
   return pl.pallas_call(_chunk_cumsum_kernel, out_shape=jax.ShapeDtypeStruct(g.shape, jnp.float32),
-                        grid=(B, H, T // chunk_size), in_specs=[chunk_spec(chunk_size, K)],
+                        grid=(B, H, T // chunk_size), in_specs=specs,
                         out_specs=chunk_spec(chunk_size, K), compiler_params=params(settings.num_warps),
-                        interpret=interpret, name="delta_rule_chunk_cumsum")(g)
+                        interpret=interpret, name="delta_rule_chunk_cumsum")(*arrays)
 
 
 def params(num_warps, num_stages=1):

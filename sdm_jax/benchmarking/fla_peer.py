@@ -82,12 +82,14 @@ def peer_calls(op, arg_sets, readout):
 def time_peer(op, arg_sets, readout, reps, breakdown=False):
   """Times op's forward and forward+backward (`peer_calls`).
 
-  Returns ({"fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms" (back to back), and with breakdown "kernels_fwd", "kernels_fwd_bwd": `timing.kernel_summary`
-  of one more run of each}, o of the first set as np.float32).
+  Returns ({"fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms" (back to back), and with breakdown
+  "kernels_fwd", "kernels_fwd_bwd": `timing.kernel_summary` of one more run of each}, o of the first set as
+  np.float32).
   """
   import torch
   sets, forward, forward_backward, sync = peer_calls(op, arg_sets, readout)
-  timings = {"fwd_ms": median_ms(forward, sets, reps, sync), "fwd_bwd_ms": median_ms(forward_backward, sets, reps, sync),
+  timings = {"fwd_ms": median_ms(forward, sets, reps, sync),
+             "fwd_bwd_ms": median_ms(forward_backward, sets, reps, sync),
              "fwd_host_ms": back_to_back_ms(forward, sets, reps, sync),
              "fwd_bwd_host_ms": back_to_back_ms(forward_backward, sets, reps, sync)}
   if breakdown:

@@ -4,9 +4,10 @@ registry's `ops` mode.
 Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
 sum(o * r) w.r.t. every input) with SPEC.md section 7's two timers, over calls that rotate between 3 input sets:
 the median of `reps` warm runs (on the GPU, device kernel time: `timing.median_ms`), and the host clock around
-`reps` back-to-back calls (`timing.back_to_back_ms`: dispatch and launch gaps included). A config that fails (OOM, an impl not built) is
-recorded with its error and the sweep goes on. With breakdown, one more warm run of each is listed kernel by
-kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage it competes with.
+`reps` back-to-back calls (`timing.back_to_back_ms`: dispatch and launch gaps included). A config that fails (OOM,
+an impl not built) is recorded with its error and the sweep goes on. With breakdown, one more warm run of each is
+listed kernel by kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage
+it competes with.
 """
 
 

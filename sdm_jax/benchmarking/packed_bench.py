@@ -20,7 +20,8 @@ from sdm_jax import ops
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
 from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_options
-from sdm_jax.benchmarking.timing import back_to_back_ms, error_text, median_ms, run_metadata, write_tables
+from sdm_jax.benchmarking.timing import (back_to_back_ms, error_text, format_kernels, kernel_summary,
+                                         kernel_timer_available, median_ms, run_metadata, write_tables)
 from sdm_jax.ops import sparse_delta_rule
 
 INPUT_SETS = 3
@@ -64,15 +65,19 @@ def sdm_calls(impl, **options):
   return jax.jit(lambda floats, ints, r_o, segment_ids: o(floats, ints, segment_ids)), jax.jit(jax.value_and_grad(loss))
 
 
-def time_pair(forward, step, arg_sets, ids, reps):
-  """{part: {unpacked_ms, packed_ms, unpacked_host_ms, packed_host_ms, ratio, ratio_host}} for part fwd, fwd_bwd;
-  arg_sets: tuples of the call's arguments before segment_ids."""
+def time_pair(forward, step, arg_sets, ids, reps, breakdown=False):
+  """{part: {unpacked_ms, packed_ms, unpacked_host_ms, packed_host_ms, ratio, ratio_host, and with breakdown
+  unpacked_kernels, packed_kernels: `timing.kernel_summary` of one more run}} for part fwd, fwd_bwd; arg_sets:
+  tuples of the call's arguments before segment_ids."""
   timed = {}
   for part, fn in (("fwd", forward), ("fwd_bwd", step)):
     row = {}
     for layout, segment_ids in (("unpacked", None), ("packed", ids)):
       row[f"{layout}_ms"] = median_ms(fn, [(*args, segment_ids) for args in arg_sets], reps)
       row[f"{layout}_host_ms"] = back_to_back_ms(fn, [(*arg_sets[0], segment_ids)], reps)
+      if breakdown:
+        row[f"{layout}_kernels"] = kernel_summary(
+            lambda fn=fn, segment_ids=segment_ids: jax.block_until_ready(fn(*arg_sets[0], segment_ids)), top=30)
     row["ratio"] = row["packed_ms"] / row["unpacked_ms"]
     row["ratio_host"] = row["packed_host_ms"] / row["unpacked_host_ms"]
     timed[part] = row
@@ -113,7 +118,7 @@ def run_sweep(settings, log=print, on_progress=None):
             forward, step = sdm_calls(s.impl, **sdm_options(option, "sdm_options"))
             _, grads = step(*sets[0], r_o, ids)
             finite = all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
-            timed = time_pair(forward, step, [(*x, r_o) for x in sets], ids, s.reps)
+            timed = time_pair(forward, step, [(*x, r_o) for x in sets], ids, s.reps, s.breakdown)
             return timed, "" if finite else "packed gradients not finite"
           records += _records(mixer, B, T, f"{option} H={H} N={N} V={V} W=R={W}", compute, log)
           if on_progress is not None:
@@ -126,7 +131,7 @@ def run_sweep(settings, log=print, on_progress=None):
                       for i in range(INPUT_SETS)]
           r_o, _ = make_readouts(B, T, H, K, K, s.dtype, 0, state=False)
           forward, step = dense_calls(mixer, s.impl, chunk_size)
-          return time_pair(forward, step, [(args, r_o) for args in arg_sets], ids, s.reps), ""
+          return time_pair(forward, step, [(args, r_o) for args in arg_sets], ids, s.reps, s.breakdown), ""
         records += _records(mixer, B, T, f"chunk {chunk_size} H={H} K=V={K}", compute, log)
         if on_progress is not None:
           on_progress(records)
@@ -143,6 +148,11 @@ def format_table(records):
              pair("unpacked_ms", "unpacked_host_ms", ".3f"), pair("packed_ms", "packed_host_ms", ".3f"),
              pair("ratio", "ratio_host", ".3f"), r.get("error") or r.get("note") or ""]
     lines.append("| " + " | ".join(cells) + " |")
+  for r in records:  # with breakdown: each run's kernels, unpacked then packed
+    for layout in ("unpacked", "packed"):
+      if r.get(f"{layout}_kernels"):
+        label = f"{r['mixer']} {r['B']}x{r['T']} {r['variant']} {r['part'].replace('_', '+')} {layout}"
+        lines += [""] * (lines[-1] != "") + format_kernels(label, r[f"{layout}_kernels"])
   return "\n".join(lines)
 
 
@@ -166,6 +176,8 @@ def bench(settings, out_dir, tag, log=print):
   notes = [f"- {s.docs} documents per packed row at random boundaries, impl={s.impl}; ms: device clock "
            f"(`timing.median_ms`, {s.reps} runs) / host clock ({s.reps} back to back, one synchronisation); "
            f"'above {TARGET}': issue 23's bar missed on either clock"]
+  if s.breakdown and not kernel_timer_available():
+    notes += ["- breakdown: no kernel list, CUPTI is not available on this backend"]
   report = lambda records: write_tables(records, meta, out_dir, tag, "Packed documents", notes,
                                         format_table(records))
   records = run_sweep(s, log=log, on_progress=report)

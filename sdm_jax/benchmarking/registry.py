@@ -150,6 +150,8 @@ class PackedSettings:
   topk: int = _setting(128, "W = R of the SDM")
   sdm_options: tuple[str, ...] = _setting(("float32:1",), "rows_dtype:rows_segments[:table_dtype] of the SDM op")
   reps: int = _setting(20, "runs per timing, for both clocks")
+  breakdown: bool = _setting(False, "also list each run's kernels by device time, packed beside unpacked (CUPTI, "
+                             "one warm run; GPU only)")
 
 
 @dataclasses.dataclass(frozen=True)

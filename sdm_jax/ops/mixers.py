@@ -31,7 +31,8 @@ def _sqrt_gate_jvp(primals, tangents):
 
 
 # The builds are module-level functions, so a mixer's build is the same object on every call: impl="pallas" hands
-# it to jitted kernels as a static argument, and their compilations are then reused across eager calls.
+# it to jitted kernels as a static argument, and their compilations are then reused across eager calls. Each u and
+# e is a product with k (`Mixer.writes_vanish_with_k`).
 def _head_beta_build(k, v, beta):
   return k, beta[..., None] * k, beta[..., None] * v
 
@@ -53,10 +54,12 @@ def _gdn2_build(k, v, b, w):
 # The registry's entries: each public op is made from its mixer (`registry.Mixer.op`).
 gated_delta_rule = register(Mixer(
     "gdn", "gated_delta_rule", _head_beta_build, decay="head", gates=(("beta", "head"),),
+    writes_vanish_with_k=True,
     doc="""Gated DeltaNet: S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.  g, beta: [B, T, H].""")).op
 
 kda = register(Mixer(
     "kda", "kda", _head_beta_build, decay="key", gates=(("beta", "head"),),
+    writes_vanish_with_k=True,
     doc="""Kimi Delta Attention: S_t = (I - beta_t k_t k_t^T) Diag(a_t) S_{t-1} + beta_t k_t v_t^T.
 
   g: [B, T, H, K]; beta: [B, T, H].
@@ -64,6 +67,7 @@ kda = register(Mixer(
 
 fg2_gdn = register(Mixer(
     "fg2_gdn", "fg2_gdn", _fg2_build, decay="key", gates=(("beta", "key"),),
+    writes_vanish_with_k=True,
     equal_dims="beta scales both k and v; use fg2_gdn_plus for K != V",
     doc="""FG2-GDN: channel-wise learning rate, k~ = sqrt(beta) k, v~ = sqrt(beta) v (requires K == V).
 
@@ -72,10 +76,12 @@ fg2_gdn = register(Mixer(
 
 fg2_gdn_plus = register(Mixer(
     "fg2_gdn_plus", "fg2_gdn_plus", _fg2_plus_build, decay="key", gates=(("beta_k", "key"), ("beta_v", "value")),
+    writes_vanish_with_k=True,
     doc="""FG2-GDN+: k~ = sqrt(beta_k) k, v~ = sqrt(beta_v) v.  g, beta_k: [B, T, H, K]; beta_v: [B, T, H, V].""")).op
 
 gdn2 = register(Mixer(
     "gdn2", "gdn2", _gdn2_build, decay="key", gates=(("b", "key"), ("w", "value")),
+    writes_vanish_with_k=True,
     doc="""Gated DeltaNet-2: S_t = (I - k_t (b_t * k_t)^T) Diag(a_t) S_{t-1} + k_t (w_t * v_t)^T.
 
   g, b (erase gate): [B, T, H, K]; w (write gate): [B, T, H, V].

@@ -57,7 +57,8 @@ class Residuals(NamedTuple):
   [B, Tp, H, Kp] fp32, padded to whole chunks and kernel widths; chunks: `intra_chunk`'s `ChunkTensors` with A;
   initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes; op_inputs: the op's (q, k, v, gates),
   which the backward differentiates the forming of q, u, e, z at (set by `_fwd`); documents: None, or for packed
-  documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask their decays with."""
+  documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask their decays with; keep: None, or
+  [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg elsewhere)."""
   q: jax.Array
   u: jax.Array
   e: jax.Array
@@ -70,11 +71,12 @@ class Residuals(NamedTuple):
   V: int
   op_inputs: Optional[tuple] = None
   documents: Optional[jax.Array] = None
+  keep: Optional[jax.Array] = None
 
 
-def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, scale, chunk_size, save):
+def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep, scale, chunk_size, save):
   """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
-  op_inputs (then the arrays must be the formed (u, z, e)). documents: None or [B, Tp] int32."""
+  op_inputs (then the arrays must be the formed (u, z, e)). documents, keep: None or [B, Tp] int32."""
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -82,7 +84,7 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, scale
   q, g = _pad(q, Tp, Kp), _pad(g, Tp, Kp)
   arrays = tuple(_pad(x, Tp, width[kind]) for x, kind in zip(arrays, form.kinds))
   kw = dict(chunk_size=chunk_size, interpret=interpret())
-  G = chunk_cumsum(g, **kw)
+  G = chunk_cumsum(g, keep=keep, **kw)
   chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scalar_decay=scalar_decay,
                        scale=scale, documents=documents, **kw)
   state = _pad_state(state, Kp, Vp)
@@ -92,13 +94,13 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, scale
     return out, None
   u, z, e = arrays
   return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V,
-                        documents=documents)
+                        documents=documents, keep=keep)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents):
+def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come.
-  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, scale, chunk_size,
+  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, keep, scale, chunk_size,
                   save=False)[0]
 
 
@@ -110,10 +112,10 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents):
+def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep):
   q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
-  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, scale, chunk_size,
-                            save=True)
+  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, keep, scale,
+                            chunk_size, save=True)
   return out, residuals._replace(op_inputs=(q, k, v, gates))
 
 
@@ -139,27 +141,30 @@ def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents)
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
   _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
-  return (*d_inputs, key(dg), d_state[:, :, :K, :V], None)
+  dg = key(dg) if res.keep is None else jnp.where(res.keep[:, :T, None, None] != 0, key(dg), 0.0)
+  return (*d_inputs, dg, d_state[:, :, :K, :V], None, None)
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
 def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False,
-                      starts=None):
+                      starts=None, keep=None):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
   g [B, T, H, K] and the state travel in fp32; scalar_decay: g is one decay per head broadcast over K (GDN), which
   the forward's grams use. starts: None or [B, T] bool, where packed documents start: then the per-chunk kernels
   read `segments.chunk_documents` and mask every decay that spans a start (without it they are the unpacked
-  kernels, unchanged). Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
+  kernels, unchanged). keep: None or [B, T] bool, where g counts (`segments.kernel_masks`): the cumsum kernel
+  zeroes g elsewhere and the backward dg, instead of a pass over g before the kernels.
+  Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
                      f"shared memory than a GPU program has; impl='chunk' takes any power of two), got {chunk_size}")
-  documents = None
-  if starts is not None:
-    Tp = -(-q.shape[1] // chunk_size) * chunk_size
-    documents = chunk_documents(jnp.pad(starts, ((0, 0), (0, Tp - starts.shape[1]))), chunk_size)
+  Tp = -(-q.shape[1] // chunk_size) * chunk_size
+  pad = lambda mask: jnp.pad(mask, ((0, 0), (0, Tp - mask.shape[1])))
+  documents = None if starts is None else chunk_documents(pad(starts), chunk_size)
+  keep = None if keep is None else pad(keep).astype(jnp.int32)
   return _delta_rule_pallas(form, jnp.dtype(io_dtype), bool(scalar_decay), scale, chunk_size, q, k, v, tuple(gates),
-                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents)
+                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents, keep)

@@ -32,6 +32,10 @@ class Mixer:
     [B, T, H], "key" [B, T, H, K], "value" [B, T, H, V].
   doc: the op's docstring.
   equal_dims: None, or why the mixer needs K == V; then the op and the layer reject K != V with that reason.
+  writes_vanish_with_k: the build's u and e are zero wherever k is (each a product with k, as in every mixer of
+    the papers): a padding token with zero k then writes and erases nothing, so impl="pallas" zeroes only q and k
+    on padding instead of every input (`segments.kernel_masks`). tests/ops/test_packed.py checks the claim for
+    every registered mixer; False (the default) masks every input.
   """
   name: str
   op_name: str
@@ -40,6 +44,7 @@ class Mixer:
   gates: tuple
   doc: str = dataclasses.field(default="", repr=False)
   equal_dims: str | None = None
+  writes_vanish_with_k: bool = False
   op: Callable = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
@@ -82,7 +87,8 @@ def _make_op(mixer):
     if mixer.equal_dims is not None:  # k and v are read here before run_mixer checks their shapes
       mixer.check_dims("v", k.shape[-1], v.shape[-1])
     gates = {"g": (g, mixer.decay), **{name: (given[name], kind) for name, kind in mixer.gates}}
-    return run_mixer(mixer.build, q, k, v, gates, **{name: given[name] for name in OPTIONS})
+    return run_mixer(mixer.build, q, k, v, gates, writes_vanish_with_k=mixer.writes_vanish_with_k,
+                     **{name: given[name] for name in OPTIONS})
 
   op.__name__ = op.__qualname__ = mixer.op_name
   op.__module__ = mixer.build.__module__

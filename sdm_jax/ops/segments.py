@@ -59,6 +59,16 @@ def mask_inputs(segment_ids, inputs, decay):
   return inputs, decay, starts
 
 
+def kernel_masks(segment_ids, reading):
+  """The Pallas path's share of `mask_inputs`: the arrays `reading` (q and the keys) zeroed on padding, and (document
+  starts [B, T] bool, keep [B, T] bool: where the log decay counts, not padding nor a start), which the kernels
+  apply themselves (the cumsum kernel zeroes g where keep is false, the backward dg). Zero q reads nothing and zero
+  keys make u and e zero (where `Mixer.writes_vanish_with_k`), so a padding token writes and erases nothing whatever its
+  values and gates hold; those then get exactly zero gradient without a pass over them."""
+  starts = document_starts(segment_ids)
+  return mask_padding(segment_ids, reading), starts, (segment_ids != 0) & ~starts
+
+
 def mask_padding(segment_ids, inputs):
   """Zeroes every array of inputs ([B, T, ...]) on padding (id 0), through jnp.where: zero gradient there."""
   padding = segment_ids == 0

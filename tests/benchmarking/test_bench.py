@@ -27,7 +27,7 @@ TINY = {
     "sdm_memory": ["entries=chunk,scan", "shape=1x16", "heads=1", "num_slots=64", "value_dim=8", "topk=4", "reps=1",
                    "compile_only=false"],
     "packed": ["mixers=gdn,sdm", "shapes=1x16", "docs=3", "heads=1", "head_dim=8", "sdm_heads=1", "num_slots=64",
-               "sdm_value_dim=8", "impl=scan", "reps=1"],
+               "sdm_value_dim=8", "impl=scan", "reps=1", "breakdown=true"],
     "kernels": ["shapes=1x16", "grid.chunk_cumsum.num_warps=2,4", "reps=1"],
 }
 
@@ -151,6 +151,14 @@ def test_packed_times_both_layouts_on_both_clocks(tmp_path):
       assert 0 < r[key] < 1e5, (key, r)
     assert r["ratio"] == pytest.approx(r["packed_ms"] / r["unpacked_ms"])
   assert "| gdn | 1x16 | chunk 16 H=1 K=V=8 | fwd |" in markdown
+  assert "breakdown: no kernel list, CUPTI is not available" in markdown
+  assert all(r["packed_kernels"] is None for r in report["results"])
+  from sdm_jax.benchmarking import packed_bench
+  listed = {**report["results"][0], "unpacked_kernels": {"total_ms": 1.0, "kernels": 1, "top": [("a", 1.0)]},
+            "packed_kernels": {"total_ms": 1.5, "kernels": 2, "top": [("a", 1.0), ("mask", 0.5)]}}
+  table = packed_bench.format_table([listed])
+  assert "- gdn 1x16 chunk 16 H=1 K=V=8 fwd packed: 1.500 ms in 2 distinct kernels\n  - 1.000 ms `a`" in table
+  assert table.index("fwd unpacked: 1.000 ms") < table.index("fwd packed: 1.500 ms")
 
 
 def test_kernels_times_every_kernel_at_every_grid_point(tmp_path):

@@ -153,3 +153,45 @@ def test_bad_segment_ids_raise():
     call("kda", inputs, segment_ids=jnp.ones((B, T), jnp.float32), impl="chunk")
   with pytest.raises(ValueError, match=r"segment_ids.*\[B, T\]"):
     call("kda", inputs, segment_ids=jnp.ones((B, T + 1), jnp.int32), impl="chunk")
+
+
+def _leaky_build(k, v, beta):
+  return k + beta, beta * k, v  # u does not vanish with k
+
+
+def _writes_vanish_with_k(mixer):
+  """Whether mixer.build gives u = e = 0 at k = 0, for random values and gates in (0, 1]."""
+  rng = np.random.default_rng(0)
+  shape = {"key": (1, 1, 1, 4), "value": (1, 1, 1, 4), "head": (1, 1, 1)}
+  values = [jnp.asarray(rng.uniform(0.1, 1.0, shape[kind]), jnp.float32)
+            for kind in ("value",) + tuple(kind for _, kind in mixer.gates)]
+  u, e, _ = mixer.build(jnp.zeros(shape["key"], jnp.float32), *values)
+  return not (np.any(np.asarray(u)) or np.any(np.asarray(e)))
+
+
+def test_pallas_masks_only_q_and_k_where_the_mixer_allows_it():
+  """impl="pallas" zeroes only q and k on padding for mixers whose u and e vanish with k (`writes_vanish_with_k`,
+  checked here for every registered mixer); a mixer without it masks every input, and still equals the chunked
+  path with padding inert."""
+  from sdm_jax.ops.registry import Mixer, register
+  for mixer in ops.MIXERS.values():
+    assert mixer.writes_vanish_with_k == _writes_vanish_with_k(mixer), mixer.name
+  leaky = register(Mixer("leaky", "leaky_rule", _leaky_build, decay="key", gates=(("beta", "key"),)))
+  assert not leaky.writes_vanish_with_k and not _writes_vanish_with_k(leaky)
+  try:
+    inputs, r_o, r_s = _inputs("leaky")
+    ids, names = segment_ids(), arg_names("leaky")
+    runs = {}
+    for impl in ("chunk", "pallas"):
+      grads, (o, final_state) = _packed_grad("leaky", impl)(inputs, ids, r_o, r_s)
+      runs[impl] = results(o, final_state, grads)
+  finally:
+    del ops.MIXERS[leaky.name]
+  tol_out, tol_grad = FP32_TOL["pallas"]
+  outputs = ("o", "final_state")
+  assert_close({n: runs["pallas"][n] for n in outputs}, {n: runs["chunk"][n] for n in outputs}, tol_out, "leaky")
+  grads = [n for n in runs["chunk"] if n not in outputs]
+  assert_close({n: runs["pallas"][n] for n in grads}, {n: runs["chunk"][n] for n in grads}, tol_grad, "leaky grads")
+  padding = np.asarray(ids) == 0
+  for name in ("o",) + tuple(f"d_{n}" for n in names):
+    assert not np.any(np.asarray(runs["pallas"][name])[padding]), f"{name} is not exactly 0 on padding"

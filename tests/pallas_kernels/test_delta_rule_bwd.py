@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import ChunkTensors, StatePassSettings, intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import ChunkTensors, StatePassSettings, chunk_cumsum, intra_chunk, state_pass
 
 from lowering import TRITON_CALL, lower_for_h200
 
@@ -37,7 +37,8 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
 
 @pytest.mark.parametrize("dtype,scalar_decay", [(jnp.float32, False), (jnp.bfloat16, False), (jnp.bfloat16, True)])
 def test_packed_kernels_lower_for_cuda(dtype, scalar_decay):
-  """The per-chunk kernels with the documents of packed sequences (their optional [B, T] int32 input)."""
+  """The per-chunk kernels with the documents of packed sequences (their optional [B, T] int32 input), and the
+  cumsum with its keep mask."""
   B, T, H, K, V, C = 1, 64, 2, 128, 64, 32
   N = T // C
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
@@ -50,6 +51,8 @@ def test_packed_kernels_lower_for_cuda(dtype, scalar_decay):
   args = (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, C, d=f32),
           spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32), documents)
   assert lower_for_h200(backward, *args).count(TRITON_CALL) == 2
+  cumsum = lambda g, keep: chunk_cumsum(g, C, keep=keep)  # the decay's keep mask, the same [B, T] int32 input
+  assert lower_for_h200(cumsum, spec(B, T, H, K, d=f32), documents).count(TRITON_CALL) == 1
 
 
 H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)

@@ -67,6 +67,12 @@ def test_chunk_cumsum_restarts_every_chunk():
   G = np.asarray(chunk_cumsum(jnp.asarray(g), 16, interpret=True))
   ref = np.cumsum(g.reshape(2, 3, 16, 3, 16).astype(np.float64), axis=2).reshape(g.shape)
   np.testing.assert_allclose(G, ref, rtol=1e-6, atol=1e-5)
+  # Packed documents: g counts only where keep is nonzero (padding and document starts are taken as 0).
+  keep = np.random.default_rng(1).integers(0, 2, size=(2, 48)).astype(np.int32)
+  G = np.asarray(chunk_cumsum(jnp.asarray(g), 16, interpret=True, keep=jnp.asarray(keep)))
+  kept = np.where(keep[:, :, None, None] != 0, g, 0.0)
+  ref = np.cumsum(kept.reshape(2, 3, 16, 3, 16).astype(np.float64), axis=2).reshape(g.shape)
+  np.testing.assert_allclose(G, ref, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("decay,gate,chunk_size", [(0.05, "rand", 32), (30.0, "rand", 16), (1.0, "zero", 64)])
