@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax import ops
+from sdm_jax.benchmarking import sdm_bench
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
 from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_options
 from sdm_jax.benchmarking.timing import (back_to_back_ms, error_text, format_kernels, kernel_summary,
                                          kernel_timer_available, median_ms, run_metadata, write_tables)
-from sdm_jax.ops import sparse_delta_rule
 
 INPUT_SETS = 3
 TARGET = 1.1  # issue 23: a packed row of 8 documents at most 1.1x an unpacked row
@@ -52,17 +52,11 @@ def dense_calls(mixer, impl, chunk_size):
 
 
 def sdm_calls(impl, **options):
-  """(forward, forward+backward) of the SDM op with its keyword `options` (`sdm_bench.sdm_options`), each (floats,
-  ints, r_o, segment_ids or None) -> arrays."""
-  options = dict(impl=impl, **options)
-
-  def o(floats, ints, segment_ids):
-    return sparse_delta_rule(**floats, **ints, segment_ids=segment_ids, **options)[0]
-
-  def loss(floats, ints, r_o, segment_ids):
-    return jnp.sum(o(floats, ints, segment_ids).astype(jnp.float32) * r_o)
-
-  return jax.jit(lambda floats, ints, r_o, segment_ids: o(floats, ints, segment_ids)), jax.jit(jax.value_and_grad(loss))
+  """(forward, forward+backward) of the SDM op with its keyword `options` (`sdm_bench.sdm_options`), each jitted,
+  each (floats, ints, r_o, segment_ids or None) -> arrays (`sdm_bench.sdm_calls`)."""
+  forward, loss = sdm_bench.sdm_calls(impl, **options)
+  return (jax.jit(lambda floats, ints, r_o, segment_ids: forward(floats, ints, segment_ids)),
+          jax.jit(jax.value_and_grad(loss, has_aux=True)))
 
 
 def time_pair(forward, step, arg_sets, ids, reps, breakdown=False):

@@ -62,20 +62,31 @@ def sdm_shapes(B, T, H, N, V, W, R):
   return floats, ints
 
 
+def sdm_calls(impl, chunk_size=16, **options):
+  """(forward, loss) of sparse_delta_rule(impl=impl, chunk_size=chunk_size, **options), the one pair every SDM
+  measurement times: forward(floats, ints, segment_ids=None) -> o; loss(floats, ints, r_o, segment_ids=None) ->
+  (sum(o * r_o), o), the final table unused as in training (r_o an argument: closed over, XLA would fold it into the
+  program)."""
+  def forward(floats, ints, segment_ids=None):
+    return sparse_delta_rule(**floats, **ints, impl=impl, chunk_size=chunk_size, segment_ids=segment_ids,
+                             **options)[0]
+
+  def loss(floats, ints, r_o, segment_ids=None):
+    o = forward(floats, ints, segment_ids)
+    return jnp.sum(o.astype(jnp.float32) * r_o), o
+
+  return forward, loss
+
+
 def time_sdm(B, T, H, N, V, W, R, *, impl="chunk", chunk_size=16, reps=10, seed=0, breakdown=False):
   """{compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to back), and with
   breakdown kernels_fwd, kernels_fwd_bwd (`timing.kernel_summary` of one more run)} of sparse_delta_rule(impl=impl)."""
   sets = [sdm_inputs(B, T, H, N, V, W, R, seed + i) for i in range(INPUT_SETS)]
   r_o = jnp.asarray(np.random.default_rng(seed).standard_normal((B, T, H, V), np.float32))
 
-  def forward(floats, ints):
-    return sparse_delta_rule(**floats, **ints, impl=impl, chunk_size=chunk_size)[0]
-
-  def loss(floats, ints, r_o):  # r_o an argument: closed over, XLA would fold it into the program
-    return jnp.sum(forward(floats, ints).astype(jnp.float32) * r_o)
-
+  forward, loss = sdm_calls(impl, chunk_size)
   fwd, compile_fwd_s = compile_timed(forward, *sets[0])
-  step, compile_step_s = compile_timed(jax.value_and_grad(loss), *sets[0], r_o)
+  step, compile_step_s = compile_timed(jax.value_and_grad(loss, has_aux=True), *sets[0], r_o)
   timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
              "fwd_ms": median_ms(fwd, sets, reps), "fwd_bwd_ms": median_ms(step, [(*s, r_o) for s in sets], reps),
              "fwd_host_ms": back_to_back_ms(fwd, sets, reps),

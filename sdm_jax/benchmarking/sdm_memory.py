@@ -22,9 +22,8 @@ import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_compare import error_row
-from sdm_jax.benchmarking.sdm_bench import sdm_inputs, sdm_options, sdm_shapes
+from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_inputs, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
-from sdm_jax.ops import sparse_delta_rule
 
 IMPLS = ("scan", "chunk", "pallas")
 
@@ -36,17 +35,6 @@ def parse_entry(entry):
   if impl not in IMPLS or len(rest) not in (0, 2, 3) or (rest and impl != "pallas"):
     raise ValueError(f"entries: expected {expected}, got {entry!r}")
   return impl, sdm_options(":".join(rest), "entries") if rest else {}
-
-
-def _forward(impl, options, chunk_size):
-  return lambda floats, ints: sparse_delta_rule(**floats, **ints, impl=impl, chunk_size=chunk_size, **options)[0]
-
-
-def _loss(forward):
-  def loss(floats, ints, r_o):
-    o = forward(floats, ints)
-    return jnp.sum(o.astype(jnp.float32) * r_o), o
-  return loss
 
 
 def saved_bytes(forward, floats, ints):
@@ -68,7 +56,7 @@ def compiled_memory(impl, *, B=1, T=4096, H=2, N=65536, V=256, W=64, R=64, chunk
   abstract inputs (nothing runs)."""
   floats, ints = sdm_shapes(B, T, H, N, V, W, R)
   r_o = jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)
-  step = jax.jit(jax.value_and_grad(_loss(_forward(impl, options, chunk_size)), has_aux=True))
+  step = jax.jit(jax.value_and_grad(sdm_calls(impl, chunk_size, **options)[1], has_aux=True))
   return _memory(step.lower(floats, ints, r_o).compile())
 
 
@@ -81,12 +69,12 @@ def measure(entries, *, B, T, H, N, V, W, chunk_size=16, reps=5, compile_only=Fa
   else:
     floats, ints = sdm_inputs(B, T, H, N, V, W, W, 0)
     r_o = jnp.asarray(np.random.default_rng(1).standard_normal((B, T, H, V), np.float32))
-  forwards = {entry: _forward(impl, options, chunk_size) for entry, (impl, options) in parsed.items()}
+  calls = {entry: sdm_calls(impl, chunk_size, **options) for entry, (impl, options) in parsed.items()}
   records = {entry: {"entry": entry, "impl": impl, **options, "error": None}
              for entry, (impl, options) in parsed.items()}
   for entry in entries:
     try:
-      records[entry]["saved_bytes"] = saved_bytes(forwards[entry], floats, ints)
+      records[entry]["saved_bytes"] = saved_bytes(calls[entry][0], floats, ints)
     except Exception as error:
       records[entry]["error"] = error_text(error)
   results, peak_so_far = {}, 0
@@ -97,7 +85,7 @@ def measure(entries, *, B, T, H, N, V, W, chunk_size=16, reps=5, compile_only=Fa
     log(f"{entry}: compiling{'' if compile_only else ' and timing'}...")
     try:
       start = time.perf_counter()
-      compiled = jax.jit(jax.value_and_grad(_loss(forwards[entry]), has_aux=True)).lower(floats, ints, r_o).compile()
+      compiled = jax.jit(jax.value_and_grad(calls[entry][1], has_aux=True)).lower(floats, ints, r_o).compile()
       record.update(compile_s=time.perf_counter() - start, **_memory(compiled))
       if not compile_only:
         (_, o), grads = compiled(floats, ints, r_o)
