@@ -11,7 +11,7 @@ several fields set together ('data.seq_len,data.num_kv_pairs=64,4|128,8') or `va
 variants; values parsed as --config.<field> parses them. --eval_grid: data fields each finished run is evaluated
 again with (length extrapolation). Each run is a process of its own (a crash costs only that run; see
 sdm_jax/training/sweep.py); a finished run is skipped and an interrupted one resumes, so the same command
-continues a sweep. Then <workdir>/summary.{json,md} and summary_<axis>.png (see sdm_jax/evaluation/sweep_summary.py).
+continues a sweep. Then <workdir>/summary.{json,md} and summary_<axis>.png (see sdm_jax/training/sweep_summary.py).
 --summarize_only merges the runs of several workdirs (comma-separated) into --out.
 """
 
