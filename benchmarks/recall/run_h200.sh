@@ -11,7 +11,7 @@
 # steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3, its default), 1 seed
 #        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
 #                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
-#        niah     S-NIAH-1 and MK-NIAH-1, trained at 1024 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128
+#        niah     S-NIAH-1 and MK-NIAH-1, trained 3000 steps at 1024 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128
 #                 (default gdn2 sdm swa attention)
 # MIXERS (default: all eight) narrows the state step.
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
@@ -48,9 +48,11 @@ for step in ${*:-default}; do
       sweep 530 state --config=experiments/configs/recall.py:mqar_gdn --config.train.steps=1500 \
         --grid="variant=$(variants mqar "$WIDTHS")" --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
         --eval_grid='data.min_kv_pairs=0;data.num_kv_pairs,data.num_queries=4,4|16,16|32,32' --eval_batches=4 ;;
-    niah)  # 8 runs x 1500 steps of 16 x 1024 bytes
+    niah)  # 2 x NIAH_MIXERS runs x 3000 steps (the config's; 1500 left MK-NIAH-1 at chance, session 16) of 16 x 1024
+      # bytes, 40-90 s each on the H200 (estimated from 1500 steps' 18-44 s): a step cut by its limit resumes with the
+      # same call on the warm machine
       niah_variants="$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants s_niah_1 128)|$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants mk_niah_1 128)"
-      sweep 530 niah --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 --config.train.steps=1500 \
+      sweep 530 niah --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
         --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
         --first_seed="$FIRST_SEED" ;;
