@@ -22,7 +22,7 @@
 #   sdm         sdm: the SDM op beside dense GDN, its row traffic, product-key addressing
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
-#   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op
+#   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
 #   mqar        the default MQAR trained with every dense mixer
@@ -110,7 +110,7 @@ for step in ${*:-compare bench sdm mqar}; do
     sdm_memory)
       bench 400 sdm_memory h200_sdm_memory ;;
     packed)
-      bench 400 packed h200_packed --set=chunk_sizes=32 ;;
+      bench 400 packed h200_packed --set=chunk_sizes=32 --set=breakdown=true ;;
     decode)
       bench 500 decode h200_decode ;;
     train)  # one entry and its peer per call: each process compiles for a minute, fla autotunes for minutes
