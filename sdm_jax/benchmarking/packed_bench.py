@@ -6,8 +6,8 @@ random, so most start inside a chunk), with the ratio packed / unpacked; the bar
 ops take `op_inputs.make_op_inputs` (K = V, no initial state) at each chunk size; the SDM op (`sdm`)
 `sdm_bench.sdm_inputs` at each of its options (rows_dtype:rows_segments[:table_dtype]), its packed gradients checked
 finite (their accuracy against the documents run alone is tests/ops/test_sparse_packed.py's). Two clocks (DESIGN.md
-section 7): `timing.median_ms` (on the GPU the kernels' summed durations from CUPTI; rotating 3 input sets) and the
-host clock around back-to-back calls with one synchronisation at the end (`timing.back_to_back_ms`).
+section 7), both rotating 3 input sets: `timing.median_ms` (on the GPU the kernels' summed durations from CUPTI) and
+the host clock around back-to-back calls with one synchronisation at the end (`timing.back_to_back_ms`).
 """
 
 import dataclasses
@@ -67,11 +67,12 @@ def time_pair(forward, step, arg_sets, ids, reps, breakdown=False):
   for part, fn in (("fwd", forward), ("fwd_bwd", step)):
     row = {}
     for layout, segment_ids in (("unpacked", None), ("packed", ids)):
-      row[f"{layout}_ms"] = median_ms(fn, [(*args, segment_ids) for args in arg_sets], reps)
-      row[f"{layout}_host_ms"] = back_to_back_ms(fn, [(*arg_sets[0], segment_ids)], reps)
+      calls = [(*args, segment_ids) for args in arg_sets]
+      row[f"{layout}_ms"] = median_ms(fn, calls, reps)
+      row[f"{layout}_host_ms"] = back_to_back_ms(fn, calls, reps)
       if breakdown:
         row[f"{layout}_kernels"] = kernel_summary(
-            lambda fn=fn, segment_ids=segment_ids: jax.block_until_ready(fn(*arg_sets[0], segment_ids)), top=30)
+            lambda fn=fn, call=calls[0]: jax.block_until_ready(fn(*call)), top=30)
     row["ratio"] = row["packed_ms"] / row["unpacked_ms"]
     row["ratio_host"] = row["packed_host_ms"] / row["unpacked_host_ms"]
     timed[part] = row

@@ -109,7 +109,6 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if (empty := empty_outputs(dims, v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays), initial_state)) is not None:
     return empty[0], empty[1] if output_final_state else None
   chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
-  kinds = ("key", "value") + tuple(kind for _, kind in list(gates.values())[1:])
   starts = keep = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)
@@ -118,6 +117,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
     else:
       (q, k, v, *arrays), g, starts = mask_inputs(segment_ids, (q, k, v, *arrays), g)
   if impl == "pallas":
+    kinds = ("key", "value") + tuple(kind for _, kind in list(gates.values())[1:])
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
     scalar_decay = g.ndim == 3
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
