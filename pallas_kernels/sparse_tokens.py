@@ -52,29 +52,13 @@ def _tools(bv, interpret):
   return at_rows, barrier
 
 
-def _update(k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, rows, dtype):
-  """Token t's write from the rows (fp32) the table held at its write slots before it: (the rows it writes there
-  in the table's dtype, `rewritten`: any rows of the table before the write at given slots -> the same rows after
-  it, fp32)."""
-  decay, k_slot = decay_ref[t], k_slot_ref[t, :]
-  r = jnp.sum(k_w_ref[t, :][:, None] * (decay * rows), axis=0, keepdims=True)
-  d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(jnp.float32) - r)
-  new = lambda before, weight: (decay * before + weight * d).astype(dtype)
-
-  def rewritten(before, idx, k_idx):
-    """before [n, bv]: the table's rows at slots idx [n] before the write; a slot among the write's k_idx gets what
-    the write stores there (every entry of a slot carries the slot's summed weight, so one is taken)."""
-    weight = jnp.max(jnp.where(idx[:, None] == k_idx[None, :], k_slot[None, :], -jnp.inf), axis=1)[:, None]
-    return jnp.where(weight > -jnp.inf, new(before, weight).astype(jnp.float32), before)
-
-  return new(rows, k_slot[:, None]), rewritten
-
-
 def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows, rows, barrier):
   """Token t's write, from the rows (fp32) the table held at its write slots k_rows before it."""
-  written, _ = _update(k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, rows, table_ref.dtype)
+  rows = decay_ref[t] * rows
+  r = jnp.sum(k_w_ref[t, :][:, None] * rows, axis=0, keepdims=True)
+  d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(jnp.float32) - r)
   barrier()  # a slot listed twice: every copy is read before any is rewritten
-  table_ref[k_rows] = written
+  table_ref[k_rows] = (rows + k_slot_ref[t, :][:, None] * d).astype(table_ref.dtype)
   barrier()  # the writes land before the reads
 
 
@@ -94,37 +78,31 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
-  gather = lambda ref, idx: ref[at_rows(idx)].astype(table_ref.dtype).astype(f32)  # the math is fp32
+  gather = lambda idx: table_ref[at_rows(idx)].astype(f32)  # the table may be stored in bf16; the math is fp32
+  write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
 
   def restore(s, carry):
     _restore(table_ref, m0_ref, at_rows(k_idx_ref[s, :]), barrier)
     return carry
 
   def token(t, rows, save):
-    """rows: the table at token t's write slots before its write."""
-    k_idx, q_idx = k_idx_ref[t, :], q_idx_ref[t, :]
-    following_idx = k_idx_ref[jnp.minimum(t + 1, T - 1), :]
-    # Token t's read and token t + 1's write rows are gathered before token t's write and then given what it
-    # writes where it writes: the gathers wait on nothing the token computes, so one memory round trip per token
-    # overlaps its arithmetic.
-    read, following = gather(table_ref, q_idx), gather(table_ref, following_idx)
+    """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
+    k_rows = at_rows(k_idx_ref[t, :])
     if save:
       rows_ref[0][t - rows_from] = rows.astype(rows_ref[0].dtype)
-    written, rewritten = _update(k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, rows, table_ref.dtype)
-    read, following = rewritten(read, q_idx, k_idx), rewritten(following, following_idx, k_idx)
-    barrier()  # the gathers are done before the write (and a slot listed twice is read before it is rewritten)
-    table_ref[at_rows(k_idx)] = written
-    barrier()  # the writes land before the next token's gathers
+    write(t, k_rows, rows)
+    # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
+    # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
+    # benchmarks/sessions/2026-11-30_h200_session12.md).
+    read = gather(q_idx_ref[t, :])
+    if packed:  # where token t + 1 starts a document, m0 back on its run's write slots (restore_from[t] = t + 1: none)
+      jax.lax.fori_loop(restore_from_ref[t], t + 1, restore, 0)
+    following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :])
     o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
-    if packed:  # where token t + 1 starts a document, m0 back on its run's write slots (restore_from[t] = t + 1: none)
-      starts = restore_from_ref[t] <= t
-      jax.lax.fori_loop(restore_from_ref[t], t + 1, restore, 0)
-      # The table is then m0 at every slot (a run starts from m0 and its writes are undone).
-      following = jax.lax.cond(starts, lambda: gather(m0_ref, following_idx), lambda: following)
     return following
 
-  rows = gather(table_ref, k_idx_ref[0, :])
+  rows = gather(k_idx_ref[0, :])
   if rows_from:
     rows = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), rows)
   jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), rows)
