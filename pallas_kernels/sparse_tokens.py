@@ -209,29 +209,21 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     t = hi - 1 - i
     local = t - lo if lo else t  # rows and the per-token cotangents cover tokens lo..hi-1
     found = rows_ref[local].astype(f32)  # loaded first: it depends on nothing the token writes
-    # One memory round trip per token: every row the token reads is gathered at once, and dM at the write slots
-    # takes the read's update (step 1 below) in registers where a write slot is also a read slot.
-    q_idx, k_idx = q_idx_ref[t, :], k_idx_ref[t, :]
-    q_rows, k_rows = at_rows(q_idx), at_rows(k_idx)
-    q_slot = q_slot_ref[t, :]
-    d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
-    read = table_ref[q_rows].astype(f32)
-    d_read = d_table_ref[q_rows]
-    d_written = d_table_ref[k_rows]
-    # The read's weight at each write slot (every entry of a slot carries its summed weight), -inf where none.
-    read_weight = jnp.max(jnp.where(k_idx[:, None] == q_idx[None, :], q_slot[None, :], -jnp.inf), axis=1)
     # 1. The read of token t, on M_t.
-    d_q_w_ref[local, :] = jnp.sum(read * d_o, axis=1)
-    d_read = d_read + q_slot[:, None] * d_o
-    d_written = jnp.where((read_weight > -jnp.inf)[:, None], d_written + read_weight[:, None] * d_o, d_written)
-    barrier()  # every gather of the token is done before its writes
-    d_table_ref[q_rows] = d_read
-    barrier()  # a slot both read and written: the write's cotangent below lands last
+    q_rows = at_rows(q_idx_ref[t, :])
+    d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
+    d_q_w_ref[local, :] = jnp.sum(table_ref[q_rows].astype(f32) * d_o, axis=1)
+    d_read = d_table_ref[q_rows]
+    barrier()
+    d_table_ref[q_rows] = d_read + q_slot_ref[t, :][:, None] * d_o
+    barrier()
     # 2. The write of token t, from the rows it found.
+    k_rows = at_rows(k_idx_ref[t, :])
     decay, beta = decay_ref[t], beta_ref[t]
     k_w = k_w_ref[t, :][:, None]
     decayed = decay * found
     v_r = v_ref[pl.ds(t, 1), :].astype(f32) - jnp.sum(k_w * decayed, axis=0, keepdims=True)
+    d_written = d_table_ref[k_rows]
     dd = jnp.sum(k_w * d_written, axis=0, keepdims=True)
     dr = -beta * dd
     d_v_ref[pl.ds(local, 1), :] = beta * dd
@@ -240,6 +232,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_found = decay * (d_written + k_slot_ref[t, :][:, None] * dr)
     d_g_ref[pl.ds(local, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0,
                                        keepdims=True)
+    barrier()
     d_table_ref[k_rows] = d_found
     table_ref[k_rows] = found.astype(table_ref.dtype)
     barrier()
