@@ -11,8 +11,9 @@
 # steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3, its default), 1 seed
 #        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
 #                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
-#        niah     S-NIAH-1 and MK-NIAH-1, trained 3000 steps at 1024 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128
-#                 (default gdn2 sdm swa attention)
+#        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
+#                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
+#                 runs/recall/$NIAH_DIR (default niah)
 # MIXERS (default: all eight) narrows the state step.
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 set -u
@@ -51,8 +52,12 @@ for step in ${*:-default}; do
     niah)  # 2 x NIAH_MIXERS runs x 3000 steps (the config's; 1500 left MK-NIAH-1 at chance, session 16) of 16 x 1024
       # bytes, 40-90 s each on the H200 (estimated from 1500 steps' 18-44 s): a step cut by its limit resumes with the
       # same call on the warm machine
-      niah_variants="$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants s_niah_1 128)|$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants mk_niah_1 128)"
-      sweep 530 niah --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
+      niah_variants=()
+      for task in ${NIAH_TASKS:-s_niah_1 mk_niah_1}; do
+        niah_variants+=("$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants "$task" 128)")
+      done
+      niah_variants="$(IFS='|'; echo "${niah_variants[*]}")"
+      sweep 530 "${NIAH_DIR:-niah}" --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
         --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
         --first_seed="$FIRST_SEED" ;;
