@@ -21,6 +21,7 @@
 #   ncu         Nsight Compute on the per-chunk kernels of one GDN-2 op, where the image has it
 #   sdm         sdm: the SDM op beside dense GDN, its row traffic, product-key addressing
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
+#   sdm_ncu     Nsight Compute on the SDM token kernels (the first three launches: forward, then forward and backward), where the image has it
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
@@ -100,6 +101,15 @@ for step in ${*:-compare bench sdm mqar}; do
           --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
           python3 -m experiments.bench --what=ops --mixers=gdn2 --impls=pallas --shapes=4x4096 --set=chunk_size=64 \
           --set=peer=false --reps=1 --out_dir="$RES" --tag=h200_ncu
+      else
+        echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
+      fi ;;
+    sdm_ncu)  # Nsight Compute on the SDM token kernels (one launch each): where each token's chain waits (issue 20)
+      if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
+        NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        run 300 "$NCU" --target-processes all -k regex:"sparse_tokens" -c 3 --section LaunchStats --section Occupancy \
+          --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section SourceCounters \
+          python3 -m experiments.bench --what=sdm --impls=pallas --reps=1 --out_dir="$RES" --tag=h200_sdm_ncu
       else
         echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
       fi ;;
