@@ -62,11 +62,22 @@ def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows
   barrier()  # the writes land before the reads
 
 
-def _restore(table_ref, m0_ref, k_rows, barrier):
-  """m0's rows back at k_rows (a run's write slots, once its last token has read): duplicates write one value."""
+def _restore(table_ref, m0_ref, k_idx_ref, at_rows, barrier, lo, hi):
+  """m0's rows back at the write slots of tokens lo..hi-1 (a run, once its last token has read). Every write puts
+  m0's own row on its slot, so the order among them does not matter (duplicates write one value): no barrier
+  between them, and two tokens' gathers of m0 in flight at once (the second of a pair clamped to hi - 1, restored
+  twice at an odd count)."""
+
+  def pair(i, carry):
+    slots = [at_rows(k_idx_ref[jnp.minimum(lo + 2 * i + j, hi - 1), :]) for j in (0, 1)]
+    rows = [m0_ref[at].astype(table_ref.dtype) for at in slots]
+    for at, row in zip(slots, rows):
+      table_ref[at] = row
+    return carry
+
   barrier()  # the reads before the restore are done
-  table_ref[k_rows] = m0_ref[k_rows].astype(table_ref.dtype)
-  barrier()
+  jax.lax.fori_loop(0, (hi - lo + 1) // 2, pair, 0)
+  barrier()  # the restore lands before the next token's gathers
 
 
 def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref, *refs,
@@ -81,10 +92,6 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   gather = lambda idx: table_ref[at_rows(idx)].astype(f32)  # the table may be stored in bf16; the math is fp32
   write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
 
-  def restore(s, carry):
-    _restore(table_ref, m0_ref, at_rows(k_idx_ref[s, :]), barrier)
-    return carry
-
   def token(t, rows, save):
     """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
     k_rows = at_rows(k_idx_ref[t, :])
@@ -96,7 +103,9 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     # benchmarks/sessions/2026-11-30_h200_session12.md).
     read = gather(q_idx_ref[t, :])
     if packed:  # where token t + 1 starts a document, m0 back on its run's write slots (restore_from[t] = t + 1: none)
-      jax.lax.fori_loop(restore_from_ref[t], t + 1, restore, 0)
+      jax.lax.cond(restore_from_ref[t] <= t,
+                   lambda: _restore(table_ref, m0_ref, k_idx_ref, at_rows, barrier, restore_from_ref[t], t + 1),
+                   lambda: None)
     following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :])
     o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
