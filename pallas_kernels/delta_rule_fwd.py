@@ -68,9 +68,19 @@ def gather_rows(x, at):
   return jnp.sum(jnp.where(cm.iota((at.shape[0], x.shape[0]), 1) == at[:, None], x[None, :], 0.0), axis=1)
 
 
-def norms(form, q_ref, k_ref, width):
-  """(1 / ||q||, 1 / ||k||) per row when the form normalizes them, else (None, None)."""
-  return (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
+def norms(form, q_ref, k_ref, width, masks=None):
+  """(1 / ||q||, 1 / ||k||) per row when the form normalizes them, else (None, None); where the chunk's documents
+  mark padding (`DocumentMasks.real`), both times 0 there, so that a padding token reads and writes nothing."""
+  q_norm, k_norm = (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
+  if masks is None or masks.real is None:
+    return q_norm, k_norm
+  real = masks.real.astype(jnp.float32)
+  return tuple(real if x is None else x * real for x in (q_norm, k_norm))
+
+
+# A padding token's chunk-local document count carries PADDING on top (`document_masks` takes it off): the kernels
+# that read q and k zero them there themselves. Chunks are at most 64 tokens, so counts stay below it.
+PADDING = 1 << 16
 
 
 def document_spec(C):
@@ -81,26 +91,28 @@ def document_spec(C):
 
 class DocumentMasks(NamedTuple):
   """Packed documents in one chunk, from documents [C] (at each row, the document starts at or before it in the
-  chunk): every decay that spans a start is 0, so each factor of the chunked form is masked by what it spans.
+  chunk, plus PADDING on a padding row): every decay that spans a start is 0, so each factor of the chunked form
+  is masked by what it spans.
   same [C, C]: rows r, c in one document (the pairs of T and Aqk, exp(G_r - G_c)); sees_state [C, 1]: no start
   up to row r (exp(G_r), the state entering the chunk); in_last [C, 1]: row r in the chunk's last document
-  (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)). Every mask
-  is 0/1 per row or pair, the same for all channels, so the grams are masked after their sum over channels and
-  no exponent changes."""
+  (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)); real [C]:
+  not padding (all true where the caller zeroed the inputs on padding itself and left PADDING out). Every mask is 0/1 per row or pair, the
+  same for all channels, so the grams are masked after their sum over channels and no exponent changes."""
   same: jax.Array
   sees_state: jax.Array
   in_last: jax.Array
   carries: jax.Array
+  real: Optional[jax.Array] = None  # None with no documents (unpacked)
 
 
 def document_masks(documents_ref):
   """The `DocumentMasks` of a chunk from its [C] documents ref; None for None (unpacked)."""
   if documents_ref is None:
     return None
-  d = documents_ref[...]
-  last = documents_ref[documents_ref.shape[0] - 1]
+  raw = documents_ref[...]
+  d, last = raw % PADDING, documents_ref[documents_ref.shape[0] - 1] % PADDING
   return DocumentMasks(same=d[:, None] == d[None, :], sees_state=(d == 0)[:, None], in_last=(d == last)[:, None],
-                       carries=last == 0)
+                       carries=last == 0, real=raw < PADDING)
 
 
 def masked(mask, x):
@@ -119,12 +131,13 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
   of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
   with the chunk's documents, and pairs across documents are 0."""
   documents_ref, refs = split_documents(refs, packed)
-  same = None if documents_ref is None else document_masks(documents_ref).same
+  masks = document_masks(documents_ref)
+  same = None if masks is None else masks.same
   *arrays, A_ref, Aqk_ref = refs
   dots = cm.precisions(Aqk_ref.dtype, interpret)
   C, K = q_ref.shape
   kb = min(key_block, K)
-  q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, masks)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
   if scalar_decay:
     _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same)
@@ -183,7 +196,7 @@ def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_blo
   V = U_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
   A = A_ref[...]
-  q_norm, k_norm = norms(form, q_ref, arrays[0], kb)
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, masks)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
 
   def y_block(i, carry):

@@ -14,7 +14,7 @@ from sdm_jax.ops.chunk import delta_rule_chunk
 from sdm_jax.ops.inputs import accumulation_dtype, l2norm, reference_inputs
 from sdm_jax.ops.pallas import delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
-from sdm_jax.ops.segments import check_segment_ids, kernel_masks, mask_inputs
+from sdm_jax.ops.segments import check_segment_ids, kernel_masks, mask_inputs, mask_padding
 from sdm_jax.ops.validation import check_options, check_scale, check_shape, chunk_size_for, empty_outputs
 
 KEY = ("B", "T", "H", "K")
@@ -64,7 +64,8 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)
     if impl == "pallas":  # u and e are the keys themselves
-      (q, u, e), starts, keep = kernel_masks(segment_ids, (q, u, e))
+      starts, keep, _ = kernel_masks(segment_ids)
+      q, u, e = mask_padding(segment_ids, (q, u, e))
     else:
       (q, u, e, z), g, starts = mask_inputs(segment_ids, (q, u, e, z), g)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
@@ -91,8 +92,9 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   impl "auto" is resolved here, once ("pallas" on a GPU, else "chunk").
   segment_ids: None or int [B, T] (`generalized_delta_rule`); q, k, v, g and the gates are zeroed on padding
   (and g at document starts) before anything reads them, so they get exactly zero gradient there; impl="pallas"
-  zeroes only q and k by XLA and g in its kernels when writes_vanish_with_k (the build's u and e are zero wherever
-  k is: `registry.Mixer`), which spares a pass over the other inputs (`segments.kernel_masks`).
+  zeroes only q and k, and g, in its kernels when writes_vanish_with_k (the build's u and e are zero wherever k is:
+  `registry.Mixer`), which spares passes over the inputs (`segments.kernel_masks`; for gradients q and k are
+  zeroed by XLA before the launch that forms the kernels' inputs).
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   impl = check_options(impl, chunk_size)
@@ -109,11 +111,11 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if (empty := empty_outputs(dims, v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays), initial_state)) is not None:
     return empty[0], empty[1] if output_final_state else None
   chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
-  starts = keep = None
+  starts = keep = real = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)
-    if impl == "pallas" and writes_vanish_with_k:
-      (q, k), starts, keep = kernel_masks(segment_ids, (q, k))
+    if impl == "pallas" and writes_vanish_with_k:  # q and k are zeroed on padding inside delta_rule_pallas
+      starts, keep, real = kernel_masks(segment_ids)
     else:
       (q, k, v, *arrays), g, starts = mask_inputs(segment_ids, (q, k, v, *arrays), g)
   if impl == "pallas":
@@ -122,7 +124,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
     scalar_decay = g.ndim == 3
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
     o, final_state = delta_rule_pallas(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
-                                       chunk_size, v.dtype, scalar_decay, starts, keep)
+                                       chunk_size, v.dtype, scalar_decay, starts, keep, real)
     return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
   acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
   q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import PADDING, ChunkTensors, chunk_cumsum, intra_chunk, state_pass
 from pallas_kernels.mixer_inputs import FORMED, fits, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops.segments import chunk_documents
@@ -58,7 +58,9 @@ class Residuals(NamedTuple):
   initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes; op_inputs: the op's (q, k, v, gates),
   which the backward differentiates the forming of q, u, e, z at (set by `_fwd`); documents: None, or for packed
   documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask their decays with; keep: None, or
-  [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg elsewhere)."""
+  [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg elsewhere); real: None, or [B, Tp]
+  int32, nonzero but on padding, where q and k were zeroed (set by `_fwd`; the backward's forming zeroes them
+  again, so that they get zero gradient there)."""
   q: jax.Array
   u: jax.Array
   e: jax.Array
@@ -72,6 +74,7 @@ class Residuals(NamedTuple):
   op_inputs: Optional[tuple] = None
   documents: Optional[jax.Array] = None
   keep: Optional[jax.Array] = None
+  real: Optional[jax.Array] = None
 
 
 def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep, scale, chunk_size, save):
@@ -97,11 +100,27 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep,
                         documents=documents, keep=keep)
 
 
+def _padded_documents(documents, real):
+  """documents with PADDING added where real is 0 (`delta_rule_fwd.document_masks`: the forward kernels then zero
+  q and k there); unchanged for real None."""
+  return documents if real is None else documents + jnp.where(real != 0, 0, PADDING).astype(documents.dtype)
+
+
+def _masked_qk(real, q, k):
+  """q and k zeroed where real is 0 (through jnp.where: zero gradient there); unchanged for real None."""
+  if real is None:
+    return q, k
+  by_token = real[:, :q.shape[1], None, None] != 0
+  return tuple(jnp.where(by_token, x, jnp.zeros((), x.dtype)) for x in (q, k))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep):
-  # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come.
-  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, keep, scale, chunk_size,
-                  save=False)[0]
+def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep,
+                       real):
+  # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come, and zero q and k
+  # on padding themselves.
+  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, _padded_documents(documents, real),
+                  keep, scale, chunk_size, save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -112,11 +131,12 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep):
-  q_, u, e, z = _written_inputs(form, io_dtype, q, k, v, gates)
+def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
+  # For gradients q and k are zeroed on padding by XLA, before the launch that forms q, u, e, z.
+  q_, u, e, z = _written_inputs(form, io_dtype, *_masked_qk(real, q, k), v, gates)
   out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, keep, scale,
                             chunk_size, save=True)
-  return out, residuals._replace(op_inputs=(q, k, v, gates))
+  return out, residuals._replace(op_inputs=(q, k, v, gates), real=real)
 
 
 def _reference(form, io_dtype, q, k, v, gates):
@@ -139,17 +159,18 @@ def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents)
                                        d_r, scale=scale, documents=res.documents, **kw)
   key = lambda x: x[:, :T, :, :K]
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
-  _, vjp = jax.vjp(functools.partial(_reference, form, io_dtype), *res.op_inputs)
+  _, vjp = jax.vjp(lambda q, k, v, gates: _reference(form, io_dtype, *_masked_qk(res.real, q, k), v, gates),
+                   *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
   dg = key(dg) if res.keep is None else jnp.where(res.keep[:, :T, None, None] != 0, key(dg), 0.0)
-  return (*d_inputs, dg, d_state[:, :, :K, :V], None, None)
+  return (*d_inputs, dg, d_state[:, :, :K, :V], None, None, None)
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
 def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False,
-                      starts=None, keep=None):
+                      starts=None, keep=None, real=None):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
@@ -157,7 +178,9 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   the forward's grams use. starts: None or [B, T] bool, where packed documents start: then the per-chunk kernels
   read `segments.chunk_documents` and mask every decay that spans a start (without it they are the unpacked
   kernels, unchanged). keep: None or [B, T] bool, where g counts (`segments.kernel_masks`): the cumsum kernel
-  zeroes g elsewhere and the backward dg, instead of a pass over g before the kernels.
+  zeroes g elsewhere and the backward dg, instead of a pass over g before the kernels. real: None or [B, T] bool
+  (with starts), false on padding: there q and k are zeroed (by the forward kernels without gradients, by XLA
+  before the forming launch for them), for mixers whose u and e vanish with k (`Mixer.writes_vanish_with_k`).
   Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
@@ -166,5 +189,8 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   pad = lambda mask: jnp.pad(mask, ((0, 0), (0, Tp - mask.shape[1])))
   documents = None if starts is None else chunk_documents(pad(starts), chunk_size)
   keep = None if keep is None else pad(keep).astype(jnp.int32)
+  if real is not None and starts is None:
+    raise ValueError("real: only with starts (packed documents)")
+  real = None if real is None else pad(real).astype(jnp.int32)
   return _delta_rule_pallas(form, jnp.dtype(io_dtype), bool(scalar_decay), scale, chunk_size, q, k, v, tuple(gates),
-                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents, keep)
+                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents, keep, real)

@@ -51,20 +51,19 @@ def mask_inputs(segment_ids, inputs, decay):
   token is inert, its output 0; and through jnp.where the masked inputs get exactly zero gradient.
 
   Returns (inputs, decay, document starts [B, T] bool)."""
-  inputs, starts, keep = kernel_masks(segment_ids, inputs)
+  starts, keep, _ = kernel_masks(segment_ids)
   keep = keep.reshape(keep.shape + (1,) * (decay.ndim - 2))
-  return inputs, jnp.where(keep, decay, jnp.zeros((), decay.dtype)), starts
+  return mask_padding(segment_ids, inputs), jnp.where(keep, decay, jnp.zeros((), decay.dtype)), starts
 
 
-def kernel_masks(segment_ids, reading):
-  """The Pallas path's masks, and the first half of `mask_inputs`: the arrays `reading` (q and the keys) zeroed on
-  padding, and (document starts [B, T] bool, keep [B, T] bool: where the log decay counts, not padding nor a
-  start), which the kernels apply themselves (the cumsum kernel zeroes g where keep is false, the backward dg).
-  Zero q reads nothing and zero keys make u and e zero (where `Mixer.writes_vanish_with_k`), so a padding token
-  writes and erases nothing whatever its values and gates hold; those then get exactly zero gradient without a
-  pass over them."""
-  starts = document_starts(segment_ids)
-  return mask_padding(segment_ids, reading), starts, (segment_ids != 0) & ~starts
+def kernel_masks(segment_ids):
+  """The masks the Pallas path applies in its kernels, [B, T] bool each: (document starts, keep: where the log
+  decay counts, not padding nor a start (the cumsum kernel zeroes g elsewhere, the backward dg), real: not
+  padding (the forward kernels zero q and k elsewhere)). Zero q reads nothing and zero k makes u and e zero (where
+  `Mixer.writes_vanish_with_k`), so a padding token writes and erases nothing whatever its values and gates hold;
+  those then get exactly zero gradient without a pass over them."""
+  starts, real = document_starts(segment_ids), segment_ids != 0
+  return starts, real & ~starts, real
 
 
 def mask_padding(segment_ids, inputs):

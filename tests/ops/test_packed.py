@@ -88,9 +88,9 @@ def _reference(mixer):
   return expected
 
 
-# Without gradients the Pallas kernels form u, e, z themselves, a path of its own; packed, it reads the same
-# masked inputs and documents as the one for gradients, so two mixers check it: GDN (the scalar-decay grams) and
-# GDN-2 (gates on both the key and the value side).
+# Without gradients the Pallas kernels form u, e, z themselves, a path of its own; packed, they also zero q and k on
+# padding themselves (the path for gradients has XLA zero them), so two mixers check it: GDN (the scalar-decay grams)
+# and GDN-2 (gates on both the key and the value side).
 NO_GRAD_FORWARD = ("gdn", "gdn2")
 
 
@@ -123,6 +123,8 @@ def test_packed_row_equals_documents_alone(x64, mixer, impl):
                                                         use_qk_l2norm=True, segment_ids=s))(inputs, ids)
     assert_close({"o": o_nograd, "final_state": state_nograd}, {n: _reference(mixer)[n] for n in ("o", "final_state")},
                  tol_out, f"{impl} packed forward without gradients, {mixer}")
+    # There the kernels zero q and k on padding themselves: the output is exactly 0 too.
+    assert not np.any(np.asarray(o_nograd)[np.asarray(ids) == 0]), "o without gradients is not exactly 0 on padding"
   expected = _reference(mixer)
   outputs = ("o", "final_state")
   assert_close({n: actual[n] for n in outputs}, {n: expected[n] for n in outputs}, tol_out, f"{impl} packed, {mixer}")
