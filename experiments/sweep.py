@@ -12,7 +12,8 @@ variants; values parsed as --config.<field> parses them. --eval_grid: data field
 again with (length extrapolation). Each run is a process of its own (a crash costs only that run; see
 sdm_jax/training/sweep.py); a finished run is skipped and an interrupted one resumes, so the same command
 continues a sweep. Then <workdir>/summary.{json,md} and summary_<axis>.png (see sdm_jax/training/sweep_summary.py).
---summarize_only merges the runs of several workdirs (comma-separated) into --out.
+--summarize_only merges the runs of several workdirs (comma-separated) into --out. --shard=i/n runs every n-th planned
+run from the i-th: n such processes (e.g. small models sharing one GPU) split one sweep between them.
 """
 
 import sys
@@ -37,6 +38,8 @@ flags.DEFINE_boolean("dry_run", False, "Print the runs and their status, train n
 flags.DEFINE_boolean("in_process", False, "Run every run in this process (no start-up or compilation per run; "
                      "a crash ends the sweep) instead of one process each.")
 flags.DEFINE_string("out", None, "Path prefix of the summary (default: <first workdir>/summary).")
+flags.DEFINE_string("shard", "0/1", "i/n: run only the planned runs i, i + n, ... (n processes sharing one device, "
+                    "each with its own shard; then --summarize_only over the workdir).")
 FLAGS = flags.FLAGS
 
 
@@ -51,13 +54,16 @@ def main(argv):
     return
   if FLAGS.config is None:
     raise app.UsageError("--config: expected path/to/config.py:variant (required unless --summarize_only)")
-  from sdm_jax.training.sweep import sweep
+  from sdm_jax.training.sweep import parse_shard, sweep
+  try:
+    shard = parse_shard(FLAGS.shard)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
   outcomes = sweep(FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
                    overrides=config_flags.get_override_values(FLAGS["config"]), grid=FLAGS.grid,
                    eval_grid=FLAGS.eval_grid, seeds=range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds),
                    workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run,
-                   in_process=FLAGS.in_process, out=FLAGS.out,
-                   log=log)
+                   in_process=FLAGS.in_process, out=FLAGS.out, shard=shard, log=log)
   if any(outcome.startswith("failed") for outcome in outcomes.values()):
     sys.exit(1)
 

@@ -14,7 +14,8 @@
 #        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
 #                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
 #                 runs/recall/$NIAH_DIR (default niah)
-# MIXERS (default: all eight) narrows the state step.
+# MIXERS (default: all eight) narrows the state step. PARALLEL=n runs every step as n processes sharing the GPU, each
+# a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all.
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -31,9 +32,27 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
   timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
   tar czf "$OUT/recall.tgz" --exclude=checkpoints --exclude=.jax_cache -C runs recall
 }
-sweep() {  # sweep LIMIT STEP ARGS...
-  local limit=$1 name=$2; shift 2
-  run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
+sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 1) processes share the GPU, each a shard of the runs
+  local limit=$1 name=$2 n=${PARALLEL:-1} i; shift 2
+  if [ "$n" -le 1 ]; then
+    run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
+    return
+  fi
+  # These models use a sliver of the card: each process gets 0.9 / n of its memory instead of the default 0.75.
+  local fraction; fraction=$(python3 -c "print(round(0.9 / $n, 3))")
+  echo "== $n shards, each: python3 -m experiments.sweep --in_process --shard=i/$n --workdir=$RES/$name $* (limit ${limit}s)" \
+    | tee -a "$OUT/log.txt"
+  for i in $(seq 0 $((n - 1))); do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction timeout "$limit" python3 -m experiments.sweep --in_process \
+      --shard="$i/$n" --workdir="$RES/$name" "$@" > "$OUT/shard_$i.txt" 2>&1 &
+  done
+  wait
+  for i in $(seq 0 $((n - 1))); do
+    echo "== shard $i/$n" | tee -a "$OUT/log.txt"
+    grep -v -i "warning" "$OUT/shard_$i.txt" | grep -v -E "^  step [0-9]+/" | tee -a "$OUT/log.txt" >/dev/null
+    rm -f "$OUT/shard_$i.txt"
+  done
+  run 120 python3 -m experiments.sweep --summarize_only --workdir="$RES/$name" --out="$RES/$name/summary"
 }
 MIXERS=${MIXERS:-gdn kda fg2_gdn fg2_gdn_plus gdn2 sdm swa attention}
 variants() {  # variants TASK WIDTHS: 'TASK_<mixer>_w<width>|...' for every mixer and width

@@ -445,18 +445,31 @@ def point_configs(config, config_file, overrides):
   return point_config, variant
 
 
+def parse_shard(text):
+  """'i/n' -> (i, n) with 0 <= i < n: this process takes the planned runs i, i + n, i + 2n, ... (several processes
+  sharing one device, each with its own shard of one sweep); ValueError naming --shard otherwise."""
+  try:
+    index, count = (int(part) for part in text.split("/"))
+  except ValueError:
+    index = count = None
+  if index is None or count < 1 or not 0 <= index < count:
+    raise ValueError(f"--shard: expected i/n with 0 <= i < n (e.g. 0/3), got {text!r}")
+  return index, count
+
+
 def describe(runs, config_file, grid, eval_grid, seeds):
   return {"config": str(config_file), "grid": grid, "eval_grid": eval_grid, "seeds": list(seeds),
           "runs": [run.name for run in runs]}
 
 
 def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, eval_batches=None, dry_run=False,
-          in_process=False, out=None, runner=None, log=print):
+          in_process=False, out=None, runner=None, shard=(0, 1), log=print):
   """Plans the grid (every point's config checked before anything runs), runs what is not done, summarizes.
 
   config: the --config ConfigDict (its overrides applied); config_file: its 'path.py:variant'; overrides: the
   command line's {field: value}; grid / eval_grid: grid texts; seeds: replicate numbers; in_process: run in this
-  process (in_process_runner) instead of one process per run. Returns the outcomes.
+  process (in_process_runner) instead of one process per run; shard: (i, n), run only the planned runs i, i + n,
+  ... (`parse_shard`; the summary still covers every finished run of the workdir). Returns the outcomes.
   """
   from sdm_jax.data import make_dataset
   from sdm_jax.training.config import check_config
@@ -485,8 +498,12 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
   log(f"sweep: {len(runs)} run(s) = {len(runs) // len(seeds)} point(s) x {len(seeds)} seed(s)"
       f"{f', each evaluated at {len(runs[0].eval_points)} more point(s)' if runs and runs[0].eval_points else ''}"
       f" in {workdir}")
+  index, count = shard
+  mine = runs[index::count]
+  if count > 1:
+    log(f"sweep: shard {index}/{count}: {len(mine)} of the {len(runs)} run(s)")
   if dry_run:
-    for run in runs:
+    for run in mine:
       log(f"  {run.name}: {status(run.directory, run.config.train.steps, run.eval_points)}")
     return {}
   if runner is None and in_process:
@@ -497,7 +514,7 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
   elif runner is None:
     runner = subprocess_runner(pathlib.Path(workdir) / ".jax_cache",
                                extra_args=[str(eval_batches)] if eval_batches else [])
-  outcomes = run_sweep(runs, runner=runner, log=log, workdir=workdir,
+  outcomes = run_sweep(mine, runner=runner, log=log, workdir=workdir,
                        description=describe(runs, config_file, grid, eval_grid, seeds))
   failed = [name for name, outcome in outcomes.items() if outcome.startswith("failed")]
   log(f"sweep: {len(outcomes) - len(failed)} of {len(outcomes)} run(s) done"

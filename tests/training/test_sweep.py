@@ -120,6 +120,25 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume(demo, tmp_path):
   assert calls == []
 
 
+def test_shards_split_one_sweep_between_processes(demo, tmp_path):
+  calls, lines = [], []
+  for index in (1, 0):
+    sweep.sweep(demo, config_file="experiments/configs/mqar.py:demo", overrides={}, grid="model.mixer=gdn|kda",
+                eval_grid="", seeds=[0, 1], workdir=tmp_path, runner=_fake_runner(calls), shard=(index, 2),
+                log=lines.append)
+  names = ["mixer-gdn/seed_0", "mixer-gdn/seed_1", "mixer-kda/seed_0", "mixer-kda/seed_1"]
+  # Shard 1 takes the planned runs 1 and 3, shard 0 the runs 0 and 2: each run once.
+  assert calls == [str(tmp_path / name) for name in (names[1], names[3], names[0], names[2])]
+  assert "sweep: shard 1/2: 2 of the 4 run(s)" in lines
+  assert json.loads((tmp_path / sweep.SWEEP).read_text())["runs"] == names  # the whole sweep, from either shard
+  summary = json.loads((tmp_path / "summary.json").read_text())  # the last shard's summary has every run
+  assert len(summary["runs"]) == 4
+  for text in ("2/2", "1", "a/b", "0/0", "-1/2", "0/1/2"):
+    with pytest.raises(ValueError, match="--shard"):
+      sweep.parse_shard(text)
+  assert sweep.parse_shard("2/3") == (2, 3)
+
+
 def test_a_failed_run_costs_only_itself(demo, tmp_path):
   runs = sweep.plan(lambda point: sweep.apply(demo, point), sweep.parse_grid("model.mixer=gdn|kda", demo), [0],
                     tmp_path)
