@@ -96,8 +96,9 @@ class DocumentMasks(NamedTuple):
   same [C, C]: rows r, c in one document (the pairs of T and Aqk, exp(G_r - G_c)); sees_state [C, 1]: no start
   up to row r (exp(G_r), the state entering the chunk); in_last [C, 1]: row r in the chunk's last document
   (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)); real [C]:
-  not padding (all true where the caller zeroed the inputs on padding itself and left PADDING out). Every mask is 0/1 per row or pair, the
-  same for all channels, so the grams are masked after their sum over channels and no exponent changes."""
+  not padding (all true where the caller zeroed the inputs on padding itself and left PADDING out). Every mask is
+  0/1 per row or pair, the same for all channels, so the grams are masked after their sum over channels and no
+  exponent changes."""
   same: jax.Array
   sees_state: jax.Array
   in_last: jax.Array

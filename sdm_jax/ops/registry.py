@@ -34,8 +34,8 @@ class Mixer:
   equal_dims: None, or why the mixer needs K == V; then the op and the layer reject K != V with that reason.
   writes_vanish_with_k: the build's u and e are zero wherever k is (each a product with k, as in every mixer of
     the papers): a padding token with zero k then writes and erases nothing, so impl="pallas" zeroes only q and k
-    on padding, in its forward kernels (`segments.kernel_masks`), instead of every input by XLA. tests/ops/test_packed.py checks the claim for
-    every registered mixer; False (the default) masks every input.
+    on padding, in its forward kernels (`segments.kernel_masks`), instead of every input by XLA.
+    tests/ops/test_packed.py checks the claim for every registered mixer; False (the default) masks every input.
   """
   name: str
   op_name: str
