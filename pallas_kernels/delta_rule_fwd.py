@@ -68,52 +68,44 @@ def gather_rows(x, at):
   return jnp.sum(jnp.where(cm.iota((at.shape[0], x.shape[0]), 1) == at[:, None], x[None, :], 0.0), axis=1)
 
 
-def norms(form, q_ref, k_ref, width, masks=None):
-  """(1 / ||q||, 1 / ||k||) per row when the form normalizes them, else (None, None); where the chunk's documents
-  mark padding (`DocumentMasks.real`), both times 0 there, so that a padding token reads and writes nothing."""
+def norms(form, q_ref, k_ref, width, real_ref=None):
+  """(1 / ||q||, 1 / ||k||) per row when the form normalizes them, else (None, None); with real_ref (a chunk's
+  [C] int32 padding mask, 0 on padding) both times 0 on padding, so that a padding token reads and writes nothing."""
   q_norm, k_norm = (row_norms(q_ref, width), row_norms(k_ref, width)) if form.l2norm else (None, None)
-  if masks is None or masks.real is None:
+  if real_ref is None:
     return q_norm, k_norm
-  real = masks.real.astype(jnp.float32)
+  real = (real_ref[...] != 0).astype(jnp.float32)
   return tuple(real if x is None else x * real for x in (q_norm, k_norm))
 
 
-# A padding token's chunk-local document count carries PADDING on top (`document_masks` takes it off): the kernels
-# that read q and k zero them there themselves. Chunks are at most 64 tokens, so counts stay below it.
-PADDING = 1 << 16
-
-
 def document_spec(C):
-  """[B, T] int32 arrays of packed sequences (the chunk-local document counts, the decay's keep mask), one chunk
-  per program of a (B, H, N) grid."""
+  """[B, T] int32 arrays of packed sequences (the chunk-local document counts, the decay's keep mask, the padding
+  mask), one chunk per program of a (B, H, N) grid."""
   return pl.BlockSpec((pl.squeezed, C), lambda b, h, n: (b, n))
 
 
 class DocumentMasks(NamedTuple):
   """Packed documents in one chunk, from documents [C] (at each row, the document starts at or before it in the
-  chunk, plus PADDING on a padding row): every decay that spans a start is 0, so each factor of the chunked form
-  is masked by what it spans.
+  chunk): every decay that spans a start is 0, so each factor of the chunked form is masked by what it spans.
   same [C, C]: rows r, c in one document (the pairs of T and Aqk, exp(G_r - G_c)); sees_state [C, 1]: no start
   up to row r (exp(G_r), the state entering the chunk); in_last [C, 1]: row r in the chunk's last document
-  (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)); real [C]:
-  not padding (all true where the caller zeroed the inputs on padding itself and left PADDING out). Every mask is
-  0/1 per row or pair, the same for all channels, so the grams are masked after their sum over channels and no
-  exponent changes."""
+  (exp(G_C - G_r), what it writes into the state leaving); carries: no start in the chunk (exp(G_C)). Every mask
+  is 0/1 per row or pair, the same for all channels, so the grams are masked after their sum over channels and
+  no exponent changes."""
   same: jax.Array
   sees_state: jax.Array
   in_last: jax.Array
   carries: jax.Array
-  real: Optional[jax.Array] = None  # None with no documents (unpacked)
 
 
 def document_masks(documents_ref):
   """The `DocumentMasks` of a chunk from its [C] documents ref; None for None (unpacked)."""
   if documents_ref is None:
     return None
-  raw = documents_ref[...]
-  d, last = raw % PADDING, documents_ref[documents_ref.shape[0] - 1] % PADDING
+  d = documents_ref[...]
+  last = documents_ref[documents_ref.shape[0] - 1]
   return DocumentMasks(same=d[:, None] == d[None, :], sees_state=(d == 0)[:, None], in_last=(d == last)[:, None],
-                       carries=last == 0, real=raw < PADDING)
+                       carries=last == 0)
 
 
 def masked(mask, x):
@@ -122,23 +114,25 @@ def masked(mask, x):
 
 
 def split_documents(refs, packed):
-  """(documents ref or None, the other refs): a packed kernel's documents ref comes first of refs."""
+  """(documents ref or None, the other refs): a packed kernel's documents ref comes first of refs (and so, after
+  it, does an optional padding mask ref)."""
   return (refs[0], refs[1:]) if packed else (None, refs)
 
 
-def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, packed, interpret):
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, packed, padded,
+                       interpret):
   """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: every channel
   of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
-  with the chunk's documents, and pairs across documents are 0."""
+  with the chunk's documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
   documents_ref, refs = split_documents(refs, packed)
-  masks = document_masks(documents_ref)
-  same = None if masks is None else masks.same
+  real_ref, refs = split_documents(refs, padded)
+  same = None if documents_ref is None else document_masks(documents_ref).same
   *arrays, A_ref, Aqk_ref = refs
   dots = cm.precisions(Aqk_ref.dtype, interpret)
   C, K = q_ref.shape
   kb = min(key_block, K)
-  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, masks)
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, real_ref)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
   if scalar_decay:
     _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same)
@@ -186,10 +180,11 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
   Aqk_ref[...] = jnp.where(pairs(c <= r), q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
-def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, packed, interpret):
+def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, packed, padded, interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
   key_block / value_block channels at a time; packed: refs start with the chunk's documents (`DocumentMasks`)."""
   documents_ref, refs = split_documents(refs, packed)
+  real_ref, refs = split_documents(refs, padded)
   masks = document_masks(documents_ref) or DocumentMasks(None, None, None, None)
   *arrays, Y_ref, U_ref, q_decayed_ref, u_decayed_ref, decay_last_ref = refs
   io = cm.precisions(U_ref.dtype, interpret).io
@@ -197,7 +192,7 @@ def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_blo
   V = U_ref.shape[-1]
   kb, vb = min(key_block, K), min(value_block, V)
   A = A_ref[...]
-  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, masks)
+  q_norm, k_norm = norms(form, q_ref, arrays[0], kb, real_ref)
   q_scale = scale if q_norm is None else scale * q_norm[:, None]
 
   def y_block(i, carry):
@@ -326,13 +321,15 @@ class IntraChunkSettings:
 @functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse",
                                              "scalar_decay", "settings", "interpret"))
 def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False,
-                scalar_decay=False, documents=None, settings=None, interpret=False):
+                scalar_decay=False, documents=None, real=None, settings=None, interpret=False):
   """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
   value-side array), decay_last, and with save_inverse A (else A is None).
   documents: None, or for packed sequences [B, T] int32, at each token the document starts at or before it in its
   chunk (the state is reset before a start, so its g has no effect; the op passes 0): both launches read it and mask the decays that
-  span a start (`DocumentMasks`). Without it the kernels are the unpacked ones.
+  span a start (`DocumentMasks`). Without it the kernels are the unpacked ones. real: None, or with documents
+  [B, T] int32, 0 on padding: both launches zero q and k there (a form whose u and e vanish with k then makes a
+  padding token inert without a pass over q and k).
 
   Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its default
   for chunk_size). scalar_decay: g is the same in every channel (GDN, broadcast), so gram_solve forms the grams as
@@ -346,19 +343,23 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
   specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
-  packed = documents is not None
+  packed, padded = documents is not None, real is not None
+  if padded and not packed:
+    raise ValueError("real: only with documents (packed sequences)")
+  if padded:
+    specs, arrays = [document_spec(C)] + specs, (real, *arrays)
   if packed:
     specs, arrays = [document_spec(C)] + specs, (documents, *arrays)
   A, Aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=s.key_block, sub_block=s.sub_block,
-                        scalar_decay=scalar_decay, packed=packed, interpret=interpret),
+                        scalar_decay=scalar_decay, packed=packed, padded=padded, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(s.num_warps, s.num_stages), interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
   Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
       functools.partial(_solved_kernel, form=form, scale=scale, key_block=s.solve_key_block,
-                        value_block=s.solve_value_block, packed=packed, interpret=interpret),
+                        value_block=s.solve_value_block, packed=packed, padded=padded, interpret=interpret),
       out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
                  jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
       grid=grid,

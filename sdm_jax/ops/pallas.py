@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
-from pallas_kernels.delta_rule_fwd import PADDING, ChunkTensors, chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
 from pallas_kernels.mixer_inputs import FORMED, fits, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops.segments import chunk_documents
@@ -77,9 +77,10 @@ class Residuals(NamedTuple):
   real: Optional[jax.Array] = None
 
 
-def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep, scale, chunk_size, save):
+def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep, real, scale, chunk_size, save):
   """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
-  op_inputs (then the arrays must be the formed (u, z, e)). documents, keep: None or [B, Tp] int32."""
+  op_inputs (then the arrays must be the formed (u, z, e)). documents, keep, real: None or [B, Tp] int32 (real:
+  the kernels zero q and k on padding)."""
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -89,7 +90,7 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep,
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, keep=keep, **kw)
   chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scalar_decay=scalar_decay,
-                       scale=scale, documents=documents, **kw)
+                       scale=scale, documents=documents, real=real, **kw)
   state = _pad_state(state, Kp, Vp)
   o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
@@ -98,12 +99,6 @@ def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep,
   u, z, e = arrays
   return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V,
                         documents=documents, keep=keep)
-
-
-def _padded_documents(documents, real):
-  """documents with PADDING added where real is 0 (`delta_rule_fwd.document_masks`: the forward kernels then zero
-  q and k there); unchanged for real None."""
-  return documents if real is None else documents + jnp.where(real != 0, 0, PADDING).astype(documents.dtype)
 
 
 def _masked_qk(real, q, k):
@@ -119,8 +114,8 @@ def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v,
                        real):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come, and zero q and k
   # on padding themselves.
-  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, _padded_documents(documents, real),
-                  keep, scale, chunk_size, save=False)[0]
+  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, keep, real, scale,
+                  chunk_size, save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -134,7 +129,7 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
 def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
   # For gradients q and k are zeroed on padding by XLA, before the launch that forms q, u, e, z.
   q_, u, e, z = _written_inputs(form, io_dtype, *_masked_qk(real, q, k), v, gates)
-  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, keep, scale,
+  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, keep, None, scale,
                             chunk_size, save=True)
   return out, residuals._replace(op_inputs=(q, k, v, gates), real=real)
 
