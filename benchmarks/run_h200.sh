@@ -20,8 +20,8 @@
 #   scan        compare_impls: every impl against scan at T 1200 (not a whole number of chunks)
 #   ncu         Nsight Compute on the per-chunk kernels of one GDN-2 op, where the image has it
 #   sdm         sdm: the SDM op beside dense GDN, its row traffic, product-key addressing
+#   sdm_ncu     Nsight Compute on the SDM token kernels (benchmarks/sdm/ncu_target.py), their SASS with stall samples
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
-#   sdm_ncu     Nsight Compute on the SDM token kernels (the first three launches: forward, then forward and backward), where the image has it
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
@@ -104,15 +104,14 @@ for step in ${*:-compare bench sdm mqar}; do
       else
         echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
       fi ;;
-    sdm_ncu)  # Nsight Compute on the SDM token kernels (one launch each): where each token's chain waits (issue 20)
-      if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
-        NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        run 300 "$NCU" --target-processes all -k regex:"sparse_tokens" -c 3 --section LaunchStats --section Occupancy \
-          --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section SourceCounters \
-          python3 -m experiments.bench --what=sdm --impls=pallas --reps=1 --out_dir="$RES" --tag=h200_sdm_ncu
-      else
-        echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
-      fi ;;
+    sdm_ncu)  # Nsight Compute on the SDM token kernels (forward, then forward and backward): where each token waits.
+      # The target imports no benchmarking code (benchmarks/sdm/ncu_target.py says why); killed if it hangs.
+      NCU=/usr/local/cuda/bin/ncu
+      run 240 timeout -s KILL 230 "$NCU" -k regex:sparse_tokens -c 3 --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section SourceCounters \
+        -o "$RES/sdm_ncu" python3 benchmarks/sdm/ncu_target.py
+      [ -f "$RES/sdm_ncu.ncu-rep" ] && "$NCU" -i "$RES/sdm_ncu.ncu-rep" --page source --csv --print-source sass \
+        > "$RES/sdm_ncu_sass.csv" 2>&1 ;;
     sdm)
       bench 500 sdm h200_sdm ;;
     sdm_kernels)

@@ -224,8 +224,23 @@ def _lines(points, where, field):
   return {label: sorted(members, key=lambda member: member[0]) for label, members in lines.items()}
 
 
+def _line_styles(lines):
+  """{label: plot keywords}: a colour per mixer, the same in every plot of a summary, and a line style and marker per
+  line of one mixer (e.g. one per task), so that no two lines look alike."""
+  import matplotlib
+  mixers = sorted({members[0][1]["mixer"] for members in lines.values() if members})
+  colours = matplotlib.colormaps["tab10"]
+  seen, styles = {}, {}
+  for label, members in lines.items():
+    mixer = members[0][1]["mixer"] if members else None
+    k = seen[mixer] = seen.get(mixer, -1) + 1
+    styles[label] = {"color": colours(mixers.index(mixer) % 10) if mixer in mixers else "k",
+                     "linestyle": ("-", "--", ":", "-.")[k % 4], "marker": "osD^v"[k % 5]}
+  return styles
+
+
 def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
-  """Each metric's mean against `field` with its interval as error bars, one line per mixer (and other values)."""
+  """Each metric's mean against `field` with its interval as a shaded band, one line per mixer (and other values)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -234,15 +249,17 @@ def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
   fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics) + 3.5, max(4.5, 0.22 * len(lines))),
                            squeeze=False)
   xs = [x for members in lines.values() for x, _ in members]
+  styles = _line_styles(lines)
   for ax, metric in zip(axes[0], metrics):
     for label, members in lines.items():
       members = [(x, entry[metric]) for x, entry in members if metric in entry]
       if not members:
         continue
       x = [member[0] for member in members]
-      y = [member[1]["mean"] for member in members]
-      err = [member[1]["ci"] or 0.0 for member in members]
-      ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+      y = np.array([member[1]["mean"] for member in members])
+      err = np.array([member[1]["ci"] or 0.0 for member in members])
+      ax.plot(x, y, label=label, **styles[label])
+      ax.fill_between(x, y - err, y + err, color=styles[label]["color"], alpha=0.1, linewidth=0)
     if xs and min(xs) > 0 and max(xs) / min(xs) >= 8:
       ax.set_xscale("log", base=2)
     ax.set(xlabel=field if where is not None else "recurrent state elements (all layers)",
