@@ -27,14 +27,15 @@ A backward over tokens lo..hi-1 alone takes those tokens' slices and the table a
 (`sparse_tokens_fwd` over tokens 0..hi-1 with rows_from = lo gives both).
 
 Packed documents (DESIGN.md section 9; the kernels' packed variants, chosen statically by passing m0). A run is one
-document with any padding after it; runs begin at t = 0 and at every document start, and each starts from m0. The
-forward puts m0's rows back on every slot a run wrote once its last token has read (walking that run's write
-indices: W rows per token, never N per document), so the table at each run's start is m0 everywhere and the
-rows saved before each write stay those the backward undoes it with. The backward transposes that restore: having
-undone a run's first token t, it moves dM into dM0 on the previous run's write slots (zeroing dM there: a slot
-listed again moves 0), puts m0 back on them and replays the previous run's writes from m0, which rebuilds the
-table at that run's end (the undo left m0 wherever the later run wrote). dM left at token 0 is the cotangent of
-the initial table, another part of dM0 (the caller adds it).
+document with any padding after it; runs begin at t = 0 and at every document start, and each starts from m0. No
+pass restores m0 between runs: the caller codes every index by whether the token's run has written that slot before
+(the write indices: at an earlier token; the read indices: at this token or an earlier one), a slot it has not as
+~slot (< 0), and the kernels take that row from m0 instead of the table. The table thus holds what the latest run to
+write each slot left there ("raw"): the forward saves those raw rows, computes with m0's where the slot is stale and
+writes its result, so the backward's undo restores the raw table exactly, run after run, with no replay. The
+backward sends the cotangent that reaches a stale row to dM0 instead of dM (and leaves dM 0 where a stale write
+was), so that dM holds only the current run's. The final table is raw outside the last run's write slots (the
+caller puts m0 there).
 """
 
 import functools
@@ -52,6 +53,17 @@ def _tools(bv, interpret):
   return at_rows, barrier
 
 
+def _decode(code):
+  """Packed indices: (slot, fresh [.., 1]) from a code, ~slot (< 0) where the token's run has not written the slot."""
+  return jnp.where(code < 0, ~code, code), (code >= 0)[:, None]
+
+
+def _stale_rows(ref, at, fresh, dtype):
+  """ref's rows at `at` where the slot is stale (fresh False), 0 elsewhere (not loaded), fp32 after a round trip
+  through dtype (m0's rows as a table of that dtype would hold them)."""
+  return pltriton.load(ref.at[at], mask=~fresh, other=0.0).astype(dtype).astype(jnp.float32)
+
+
 def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows, rows, barrier):
   """Token t's write, from the rows (fp32) the table held at its write slots k_rows before it."""
   rows = decay_ref[t] * rows
@@ -62,59 +74,48 @@ def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows
   barrier()  # the writes land before the reads
 
 
-def _restore(table_ref, m0_ref, k_idx_ref, at_rows, barrier, lo, hi):
-  """m0's rows back at the write slots of tokens lo..hi-1 (a run, once its last token has read). Every write puts
-  m0's own row on its slot, so the order among them does not matter (duplicates write one value): no barrier
-  between them, and two tokens' gathers of m0 in flight at once (the second of a pair clamped to hi - 1, restored
-  twice at an odd count)."""
-
-  def pair(i, carry):
-    slots = [at_rows(k_idx_ref[jnp.minimum(lo + 2 * i + j, hi - 1), :]) for j in (0, 1)]
-    rows = [m0_ref[at].astype(table_ref.dtype) for at in slots]
-    for at, row in zip(slots, rows):
-      table_ref[at] = row
-    return carry
-
-  barrier()  # the reads before the restore are done
-  jax.lax.fori_loop(0, (hi - lo + 1) // 2, pair, 0)
-  barrier()  # the restore lands before the next token's gathers
-
-
 def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref, *refs,
                 rows_from, packed, interpret):
   del table_in_ref  # aliased with table_ref
   if packed:
-    m0_ref, restore_from_ref, *refs = refs
+    m0_ref, *refs = refs
   table_ref, o_ref, *rows_ref = refs
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
-  gather = lambda idx: table_ref[at_rows(idx)].astype(f32)  # the table may be stored in bf16; the math is fp32
   write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
 
-  def token(t, rows, save):
-    """rows: the table at token t's write slots, gathered after token t - 1's writes (with its read)."""
-    k_rows = at_rows(k_idx_ref[t, :])
-    if save:
-      rows_ref[0][t - rows_from] = rows.astype(rows_ref[0].dtype)
+  def gather(code):
+    """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
+    rows the math reads: packed, m0's where the slot is stale."""
+    if not packed:
+      raw = table_ref[at_rows(code)].astype(f32)
+      return raw, raw
+    slot, fresh = _decode(code)
+    at = at_rows(slot)
+    raw = table_ref[at].astype(f32)
+    return raw, jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
+
+  def token(t, found, save):
+    """found: (raw, rows) at token t's write slots, gathered after token t - 1's writes (with its read)."""
+    raw, rows = found
+    k_rows = at_rows(_decode(k_idx_ref[t, :])[0] if packed else k_idx_ref[t, :])
+    if save:  # the raw rows: what the backward's undo puts back
+      rows_ref[0][t - rows_from] = raw.astype(rows_ref[0].dtype)
     write(t, k_rows, rows)
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
-    read = gather(q_idx_ref[t, :])
-    if packed:  # where token t + 1 starts a document, m0 back on its run's write slots (restore_from[t] = t + 1: none)
-      jax.lax.cond(restore_from_ref[t] <= t,
-                   lambda: _restore(table_ref, m0_ref, k_idx_ref, at_rows, barrier, restore_from_ref[t], t + 1),
-                   lambda: None)
+    read = gather(q_idx_ref[t, :])[1]
     following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :])
     o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following
 
-  rows = gather(k_idx_ref[0, :])
+  found = gather(k_idx_ref[0, :])
   if rows_from:
-    rows = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), rows)
-  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), rows)
+    found = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), found)
+  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), found)
 
 
 def _specs(block_v):
@@ -125,21 +126,18 @@ def _specs(block_v):
   return per_head, tile, per_tile
 
 
-def _document_specs(m0, block_v):
-  """BlockSpecs of m0 ([H, N, V] shared over the batch, or [B, H, N, V]) and of a per-row [B, T] token array."""
+def _m0_spec(m0, block_v):
+  """The BlockSpec of m0: [H, N, V] shared over the batch, or [B, H, N, V]."""
   sq = pl.squeezed
   N = m0.shape[-2]
   if m0.ndim == 3:
-    m0_spec = pl.BlockSpec((sq, N, block_v), lambda b, h, j: (h, 0, j))
-  else:
-    m0_spec = pl.BlockSpec((sq, sq, N, block_v), lambda b, h, j: (b, h, 0, j))
-  return m0_spec, lambda T: pl.BlockSpec((sq, T), lambda b, h, j: (b, 0))
+    return pl.BlockSpec((sq, N, block_v), lambda b, h, j: (h, 0, j))
+  return pl.BlockSpec((sq, sq, N, block_v), lambda b, h, j: (b, h, 0, j))
 
 
 @functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
                                              "num_stages", "interpret"))
-def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, restore_from=None,
-                      save_rows=True, rows_dtype=jnp.float32, rows_from=0, block_v=32, num_warps=4, num_stages=1,
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True, rows_dtype=jnp.float32, rows_from=0, block_v=32, num_warps=4, num_stages=1,
                       interpret=False):
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
@@ -147,8 +145,9 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
   settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
   64: 23.6; benchmarks/sessions/2026-11-30_h200_session11.md).
-  Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V] fp32 (table then holds it at t = 0) and
-  restore_from [B, T] int32: at token t, the first token of t's run where token t + 1 starts a document, else t + 1."""
+  Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V] fp32 (table holds it at t = 0), k_idx and
+  q_idx coded (~slot where the token's run has not written the slot); the rows saved are the raw table's, the
+  final table raw."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
@@ -164,11 +163,8 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   packed = m0 is not None
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
               per_head(T, R), tile(N)]
-  documents = ()
   if packed:
-    m0_spec, per_row = _document_specs(m0, block_v)
-    in_specs += [m0_spec, per_row(T)]
-    documents = (m0, restore_from)
+    in_specs.append(_m0_spec(m0, block_v))
   return pl.pallas_call(
       functools.partial(_fwd_kernel, rows_from=rows_from, packed=packed, interpret=interpret),
       out_shape=tuple(out_shape),
@@ -179,55 +175,54 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_tokens_fwd",
-  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, table, *documents)
+  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, table, *(() if m0 is None else (m0,)))
 
 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
-                rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, tokens, interpret):
+                rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, packed, interpret):
   del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
-  packed = tokens is not None
   if packed:
-    m0_ref, d_m0_in_ref, previous_run_ref, *refs = refs
+    m0_ref, d_m0_in_ref, *refs = refs
     del d_m0_in_ref  # aliased with d_m0_ref
   table_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref, *d_m0_ref = refs
   f32 = jnp.float32
   T, bv = v_ref.shape
-  lo, hi = (0, T) if tokens is None else tokens
   at_rows, barrier = _tools(bv, interpret)
-  write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
 
-  def move(s, carry, restore):
-    """The transposed restore at token s's write slots: dM moves into dM0 (dM there is 0 after it); with restore,
-    m0's rows go back there too."""
-    k_rows = at_rows(k_idx_ref[s, :])
-    d_rows, d_m0_rows = d_table_ref[k_rows], d_m0_ref[0][k_rows]
+  def rows_at(code):
+    """(at, fresh or None): the rows at the coded slots and, packed, which the token's run has written."""
+    if not packed:
+      return at_rows(code), None
+    slot, fresh = _decode(code)
+    return at_rows(slot), fresh
+
+  def math_rows(raw, at, fresh):  # packed: m0's rows where the slot is stale
+    return raw if fresh is None else jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
+
+  def add_cotangent(at, fresh, d_rows, delta):
+    """dM[at] = d_rows + delta (d_rows: dM there, read before the barrier); packed, dM0 takes the stale rows' part."""
+    if fresh is None:
+      d_table_ref[at] = d_rows + delta
+      return
+    d_m0_rows = pltriton.load(d_m0_ref[0].at[at], mask=~fresh, other=0.0)
     barrier()
-    d_m0_ref[0][k_rows] = d_m0_rows + d_rows
-    d_table_ref[k_rows] = jnp.zeros_like(d_rows)
-    if restore:
-      table_ref[k_rows] = m0_ref[k_rows].astype(table_ref.dtype)
-    barrier()
-    return carry
+    pltriton.store(d_table_ref.at[at], d_rows + delta, mask=fresh)
+    pltriton.store(d_m0_ref[0].at[at], d_m0_rows + delta, mask=~fresh)
 
-  def replay(s, carry):
-    k_rows = at_rows(k_idx_ref[s, :])
-    write(s, k_rows, table_ref[k_rows].astype(f32))
-    return carry
-
-  def token(i, carry):
-    t = hi - 1 - i
-    local = t - lo if lo else t  # rows and the per-token cotangents cover tokens lo..hi-1
-    found = rows_ref[local].astype(f32)  # loaded first: it depends on nothing the token writes
+  def token(t, carry):
+    found_raw = rows_ref[t].astype(f32)  # loaded first: it depends on nothing the token writes
+    k_rows, k_fresh = rows_at(k_idx_ref[t, :])
+    found = math_rows(found_raw, k_rows, k_fresh)
     # 1. The read of token t, on M_t.
-    q_rows = at_rows(q_idx_ref[t, :])
+    q_rows, q_fresh = rows_at(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
-    d_q_w_ref[local, :] = jnp.sum(table_ref[q_rows].astype(f32) * d_o, axis=1)
+    d_q_w_ref[t, :] = jnp.sum(math_rows(table_ref[q_rows].astype(f32), q_rows, q_fresh) * d_o, axis=1)
     d_read = d_table_ref[q_rows]
-    barrier()
-    d_table_ref[q_rows] = d_read + q_slot_ref[t, :][:, None] * d_o
+    if not packed:
+      barrier()
+    add_cotangent(q_rows, q_fresh, d_read, q_slot_ref[t, :][:, None] * d_o)
     barrier()
     # 2. The write of token t, from the rows it found.
-    k_rows = at_rows(k_idx_ref[t, :])
     decay, beta = decay_ref[t], beta_ref[t]
     k_w = k_w_ref[t, :][:, None]
     decayed = decay * found
@@ -235,45 +230,39 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_written = d_table_ref[k_rows]
     dd = jnp.sum(k_w * d_written, axis=0, keepdims=True)
     dr = -beta * dd
-    d_v_ref[pl.ds(local, 1), :] = beta * dd
-    d_beta_ref[pl.ds(local, 1)] = jnp.sum(dd * v_r, axis=1)
-    d_k_w_ref[local, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
+    d_v_ref[pl.ds(t, 1), :] = beta * dd
+    d_beta_ref[pl.ds(t, 1)] = jnp.sum(dd * v_r, axis=1)
+    d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
     d_found = decay * (d_written + k_slot_ref[t, :][:, None] * dr)
-    d_g_ref[pl.ds(local, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0,
-                                       keepdims=True)
+    d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0,
+                                   keepdims=True)
+    if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
+      d_m0_found = pltriton.load(d_m0_ref[0].at[k_rows], mask=~k_fresh, other=0.0)
+      barrier()
+      d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0)
+      pltriton.store(d_m0_ref[0].at[k_rows], d_m0_found + d_found, mask=~k_fresh)
+    else:
+      barrier()
+      d_table_ref[k_rows] = d_found
+    table_ref[k_rows] = found_raw.astype(table_ref.dtype)
     barrier()
-    d_table_ref[k_rows] = d_found
-    table_ref[k_rows] = found.astype(table_ref.dtype)
-    barrier()
-    if packed:
-      # Where token t starts a document, the table is m0 wherever its run wrote: the previous run (tokens
-      # previous_run[t]..t-1) gets its restore transposed and its writes replayed. At t = lo that is the call for
-      # the tokens before lo (its table comes from the forward, its dM from this call).
-      previous = previous_run_ref[t] if lo == 0 else jnp.where(t > lo, previous_run_ref[t], t)
-      jax.lax.fori_loop(previous, t, functools.partial(move, restore=True), 0)
-      jax.lax.fori_loop(previous, t, replay, 0)
     return carry
 
-  if packed and hi < T:  # token hi starts a document: the restore after token hi - 1, transposed (the table is right)
-    jax.lax.fori_loop(previous_run_ref[hi], hi, functools.partial(move, restore=False), 0)
-  jax.lax.fori_loop(0, hi - lo, token, 0)
+  jax.lax.fori_loop(0, T, lambda i, carry: token(T - 1 - i, carry), 0)
 
 
-@functools.partial(jax.jit, static_argnames=("tokens", "block_v", "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
-                      m0=None, d_m0=None, previous_run=None, tokens=None, block_v=32, num_warps=8, num_stages=1,
-                      interpret=False):
+                      m0=None, d_m0=None, block_v=32, num_warps=8, num_stages=1, interpret=False):
   """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
   Launch settings as for the forward (block_v 32 with 8 warps: 44.6 ms at the H200 bench shape, 16 with 4: 69.0).
 
-  Packed documents (the module docstring): m0 as for the forward; d_m0 [B, H, N, V] fp32, the cotangent of m0 so far
-  (updated in place and returned last: dM0 of every run but the first; the caller adds the returned dM, the first
-  run's); previous_run [B, T] int32: at token t, the first token of the run before t's where t starts a document,
-  else t; tokens (lo, hi), static: the backward walks tokens hi - 1 down to lo of the per-token arrays (all T
-  tokens), from the table after token hi - 1 and dM before token hi; rows and the per-token cotangents cover tokens
-  lo..hi-1."""
+  Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
+  [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
+  a run wrote (its first write there was stale); a backward over tokens lo..hi-1 alone takes those tokens' slices
+  and the raw table after token hi - 1, as unpacked."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
@@ -282,31 +271,23 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   per_head, tile, per_tile = _specs(block_v)
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   packed = m0 is not None
-  if packed:
-    tokens = (0, T) if tokens is None else tokens
-    lo, hi = tokens
-    if not 0 <= lo < hi <= T or rows.shape[2] != hi - lo:
-      raise ValueError(f"tokens: expected 0 <= lo < hi <= T = {T} with rows for hi - lo tokens, got {tokens} and "
-                       f"rows for {rows.shape[2]}")
-  elif tokens is not None:
-    raise ValueError("tokens: only with packed documents (m0)")
-  L = rows.shape[2]  # the tokens walked
-  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), f32(B, H, N, V), f32(B, H, L, V), f32(B, H, nv, L, W),
-               f32(B, H, nv, L, R), f32(B, H, nv, L), f32(B, H, nv, L)]
-  out_specs = [tile(N), tile(N), tile(L), per_tile(L, W), per_tile(L, R), per_tile(L), per_tile(L)]
+  if packed != (d_m0 is not None):
+    raise ValueError("m0 and d_m0: expected both (packed documents) or neither")
+  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W),
+               f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
+  out_specs = [tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
-              per_head(T, R), per_head(T, R), tile(L, W), tile(T), tile(N), tile(N)]
+              per_head(T, R), per_head(T, R), tile(T, W), tile(T), tile(N), tile(N)]
   aliases = {11: 0, 12: 1}
   documents = ()
   if packed:
-    m0_spec, per_row = _document_specs(m0, block_v)
-    in_specs += [m0_spec, tile(N), per_row(T)]
+    in_specs += [_m0_spec(m0, block_v), tile(N)]
     out_shape.append(f32(B, H, N, V))
     out_specs.append(tile(N))
     aliases[14] = 7
-    documents = (m0, d_m0, previous_run)
+    documents = (m0, d_m0)
   return pl.pallas_call(
-      functools.partial(_bwd_kernel, tokens=tokens, interpret=interpret),
+      functools.partial(_bwd_kernel, packed=packed, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, nv),
       in_specs=in_specs,

@@ -18,12 +18,13 @@ fp32): the kernels then move half the bytes, and the rows they save are bf16 cop
 exact. It changes the forward (lossy, like a bf16 state) and its gradients are those of the fp32 recurrence at the
 rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md.
 
-Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`): the
-forward puts m0 back on each run's write slots after its last token, the backward transposes that and replays each
-earlier run's writes from m0 (one forward's writes more in all), and returns dM0 per batch row. Every option above
-works with them: the replay of rows segments runs the packed forward, and each segment's backward walks the full
-per-token arrays between its bounds (a document may span segments). Padding is masked by the caller: zero weights,
-g = 0 and beta = 0 write the rows a token found, bit for bit.
+Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
+XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
+before (`packed_codes`: one sort per head of the row's T (W + R) indices), and the kernels read m0's row where it has
+not. No pass puts m0 back between runs and the backward replays nothing: it undoes the raw table as unpacked and
+sends the cotangent of every stale row to dM0. Every option above works with them (the replay of rows segments runs
+the packed forward). The final table is the kernels' on the last run's write slots and m0 elsewhere. Padding is
+masked by the caller: zero weights, g = 0 and beta = 0 write the rows a token found, bit for bit.
 """
 
 import functools
@@ -93,39 +94,66 @@ def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w):
   return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
 
 
-class Documents(NamedTuple):
-  """Packed documents as the kernels walk them, [B, T] int32 per batch row (the heads share them). A run is a
-  document with the padding after it; runs begin at t = 0 and at every document start."""
-  starts: Any  # 1 where a document starts (t > 0)
-  run_start: Any  # the first token of each token's run
+class Packed(NamedTuple):
+  """Packed documents as the kernels take them, per head ([B, H, ...]): k_code [T, W] and q_code [T, R], the indices
+  coded by `_code_row` (~slot where the token's run has not written the slot yet), and written_last [N] bool, the
+  slots the row's last run writes: the final table is the kernels' (raw) one there and m0 elsewhere."""
+  k_code: Any
+  q_code: Any
+  written_last: Any
 
 
-def documents(starts):
-  """Documents from starts [B, T] bool (`segments.document_starts`)."""
+def _code_row(k, q, run_start, N, one_key=None):
+  """One head of one row: k [T, W] and q [T, R] slots < N, run_start [T] (the first token of each token's run) ->
+  (k_code, q_code): a slot where the token's run wrote it before (a write index: at an earlier token; a read index,
+  read after its token's write: at that token or an earlier), else ~slot. One sort of all T (W + R) entries by
+  (slot, time); an entry's latest earlier write of its slot is then the last write entry before its group of equal
+  keys. The sort has one int32 key, slot * 2T + time, where N * 2T fits (one_key=None), else two."""
+  T, W = k.shape
+  time = lambda x, code: jnp.broadcast_to(2 * jnp.arange(T, dtype=jnp.int32)[:, None] + code, x.shape).reshape(-1)
+  slot = jnp.concatenate([k.reshape(-1), q.reshape(-1)])
+  when = jnp.concatenate([time(k, 0), time(q, 1)])  # token t's write gathers at 2t, its read (after its write) at 2t + 1
+  n = slot.size
+  position = jnp.arange(n, dtype=jnp.int32)
+  if one_key is None:
+    one_key = N * 2 * T <= jnp.iinfo(jnp.int32).max
+  if one_key:  # a radix sort of key and position on a GPU
+    key, position = jax.lax.sort((slot * (2 * T) + when, position), num_keys=1)
+    slot, when = key // (2 * T), key % (2 * T)
+  else:
+    slot, when, position = jax.lax.sort((slot, when, position), num_keys=2)
+  is_write = position < T * W
+  new_key = jnp.concatenate([jnp.ones(1, bool), (slot[1:] != slot[:-1]) | (when[1:] != when[:-1])])
+  group_start = jax.lax.cummax(jnp.where(new_key, jnp.arange(n, dtype=jnp.int32), 0))
+  last_write = jax.lax.cummax(jnp.where(is_write, jnp.arange(n, dtype=jnp.int32), -1))
+  before = jnp.where(group_start > 0, last_write[jnp.maximum(group_start - 1, 0)], -1)
+  written = ((before >= 0) & (slot[jnp.maximum(before, 0)] == slot)
+             & (when[jnp.maximum(before, 0)] // 2 >= run_start[when // 2]))
+  code = jnp.zeros(n, jnp.int32).at[position].set(jnp.where(written, slot, ~slot), unique_indices=True)
+  return code[:T * W].reshape(k.shape), code[T * W:].reshape(q.shape)
+
+
+def packed_codes(k_idx, q_idx, starts, N):
+  """Packed from k_idx [B, T, H, W], q_idx [B, T, H, R] (slots) and starts [B, T] bool (`segments.document_starts`).
+  A run is a document with the padding after it; runs begin at t = 0 and at every document start."""
   T = starts.shape[1]
   t = jnp.arange(T, dtype=jnp.int32)
-  return Documents(starts.astype(jnp.int32), jax.lax.cummax(jnp.where(starts, t, 0), axis=1))
-
-
-def _restore_from(docs, hi):
-  """sparse_tokens_fwd's restore_from for a forward over tokens 0..hi-1: at token t, its run's first token where
-  token t + 1 starts a document (none after the call's last token), else t + 1."""
-  following = jnp.pad(docs.starts[:, 1:hi], ((0, 0), (0, 1))) > 0
-  return jnp.where(following, docs.run_start[:, :hi], jnp.arange(1, hi + 1, dtype=jnp.int32))
-
-
-def _previous_run(docs):
-  """sparse_tokens_bwd's previous_run: at a document start t, the first token of the run before t's, else t."""
-  before = jnp.pad(docs.run_start[:, :-1], ((0, 0), (1, 0)))
-  return jnp.where(docs.starts > 0, before, jnp.arange(docs.starts.shape[1], dtype=jnp.int32))
+  run_start = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+  k, q = _heads(k_idx), _heads(q_idx)
+  per_head = jax.vmap(functools.partial(_code_row, N=N), in_axes=(0, 0, None))
+  k_code, q_code = jax.vmap(per_head)(k, q, run_start)
+  last = (t >= run_start[:, -1:])[:, None, :, None]  # [B, 1, T, 1]: the tokens of each row's last run
+  mark = lambda rows: jnp.zeros(N, bool).at[rows.reshape(-1)].set(True, mode="drop")
+  written_last = jax.vmap(jax.vmap(mark))(jnp.where(last, k, N))
+  return Packed(k_code, q_code, written_last)
 
 
 class Residuals(NamedTuple):
   """What the forward saves for the backward. rows: [B, H, T_last, W, V] in the rows dtype, the rows the last
-  segment's tokens found before their writes; m0: the initial table as the op got it ([H, N, V] or
-  [B, H, N, V]; None with one segment unpacked), what the backward replays the earlier segments (and, packed, the
-  runs) from; final: the final table [B, H, N, V] fp32; the per-token inputs as the op got them ([B, T, H, ...]);
-  docs: Documents or None (unpacked)."""
+  segment's tokens found before their writes (packed: the raw table's); m0: the initial table as the op got it
+  ([H, N, V] or [B, H, N, V]; None with one segment unpacked), what the backward replays the earlier segments from
+  and, packed, reads stale rows from; final: the kernels' final table [B, H, N, V] fp32 (packed: raw); the per-token
+  inputs as the op got them ([B, T, H, ...]); packed: Packed or None (unpacked)."""
   m0: Any
   final: Any
   rows: Any
@@ -136,7 +164,7 @@ class Residuals(NamedTuple):
   beta: Any
   q_idx: Any
   q_w: Any
-  docs: Any
+  packed: Any
 
 
 def segment_bounds(T, rows_segments):
@@ -150,26 +178,29 @@ def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
   return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
 
-def _packed_args(m0, docs, hi):
-  """sparse_tokens_fwd's packed arguments for a forward over tokens 0..hi-1 ({} unpacked)."""
-  return {} if docs is None else {"m0": m0, "restore_from": _restore_from(docs, hi)}
+def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed):
+  """`_forward_args`, packed with the coded indices in place of the slots."""
+  args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
+  if packed is None:
+    return args
+  return (packed.k_code, *args[1:6], packed.q_code, args[7])
 
 
 def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
-             table_dtype=ROWS_DTYPES[0], docs=None):
-  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); docs: Documents
-  or None; the rest as the op's."""
-  args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
-  T = v.shape[1]
+             table_dtype=ROWS_DTYPES[0], packed=None):
+  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); packed: Packed or
+  None; the rest as the op's."""
+  B, T = v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
-  final, o, *rows = sparse_tokens_fwd(_batch_table(m0, v.shape[0], table_dtype), *args, **_packed_args(m0, docs, T),
-                                      save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
-                                      interpret=interpret())
+  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed),
+                                    m0=None if packed is None else m0, save_rows=save,
+                                    rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], interpret=interpret())
+  final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, m0.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
-  keep_m0 = len(bounds) > 2 or docs is not None
-  return (_tokens(o), final), Residuals(m0 if keep_m0 else None, final, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w,
-                                        docs)
+  keep_m0 = len(bounds) > 2 or packed is not None
+  return (_tokens(o), final), Residuals(m0 if keep_m0 else None, raw, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w,
+                                        packed)
 
 
 class BackwardTokens(NamedTuple):
@@ -188,7 +219,8 @@ class BackwardTokens(NamedTuple):
 
 def _backward_tokens(residuals, d_o):
   r = residuals
-  k_idx, k_w, k_slot, decay, beta, v, q_idx, _ = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w)
+  k_idx, k_w, k_slot, decay, beta, v, q_idx, _ = _kernel_forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx,
+                                                                      r.q_w, r.packed)
   k_first = _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
   q_slot = _heads(_summed_within_token(r.q_idx, r.q_w))
   return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, _heads(d_o))
@@ -199,41 +231,37 @@ def _kernel_args(table, d_table, tokens, rows):
   return (table, d_table, t.k_idx, t.k_w, t.k_slot, t.k_first, t.decay, t.beta, t.v, t.q_idx, t.q_slot, rows, t.d_o)
 
 
-def _backward_args(residuals, d_o, d_final):
-  """sparse_tokens_bwd's arguments from the forward's residuals (one rows segment) and the cotangents of o and
-  the final table."""
-  return _kernel_args(residuals.final, d_final, _backward_tokens(residuals, d_o), residuals.rows)
-
-
 def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-1
   return tuple(x[:, :, lo:hi] for x in args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11))
-def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, docs=docs)[0]
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, docs)
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed)
 
 
 def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
-  starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.docs), the
-  packed kernels run instead: each segment's backward walks the full per-token arrays from hi - 1 down to lo, and
-  dM0 gathers over the calls (and dM at token 0, the first run's)."""
+  starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.packed), the
+  final table's cotangent splits between dM (the last run's write slots) and dM0 (elsewhere, where the final table
+  is m0), and the kernels add to dM0 as they go; the dM they leave is then 0."""
   d_o, d_final = cotangents
   r = residuals
-  packed = r.docs is not None
   B, T = r.v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
   tokens = _backward_tokens(r, d_o)
-  forward_args = _forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w) if len(bounds) > 2 else None
-  previous_run = _previous_run(r.docs) if packed else None
+  forward_args = (_kernel_forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w, r.packed)
+                  if len(bounds) > 2 else None)
   table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
-  d_m0 = jnp.zeros(table.shape, jnp.float32) if packed else None
+  d_m0 = None
+  if r.packed is not None:
+    last = r.packed.written_last[..., None]
+    d_table, d_m0 = jnp.where(last, d_table, 0.0), jnp.where(last, 0.0, d_table)
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
   pieces = []
   for k in reversed(range(len(bounds) - 1)):
@@ -243,18 +271,17 @@ def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
       # rows of both segments at once.
       d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))
       table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         **_packed_args(m0, r.docs, hi), rows_dtype=jnp.dtype(rows_dtype),
+                                         m0=None if r.packed is None else m0, rows_dtype=jnp.dtype(rows_dtype),
                                          rows_from=lo, interpret=interpret())
-    if packed:
-      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(
-          *_kernel_args(table, d_table, tokens, rows), m0=r.m0, d_m0=d_m0, previous_run=previous_run,
-          tokens=(lo, hi), interpret=interpret())
+    args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
+    if r.packed is None:
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, interpret=interpret())
     else:
-      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(
-          *_kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows), interpret=interpret())
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(*args, m0=r.m0, d_m0=d_m0,
+                                                                               interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
   d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
-  d_m0 = d_table if d_m0 is None else d_m0 + d_table  # packed: plus what reached token 0, the first run's table
+  d_m0 = d_table if d_m0 is None else d_m0
   if r.m0 is not None and r.m0.ndim == 3:
     d_m0 = jnp.sum(d_m0, axis=0)
   return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w, None)
@@ -288,9 +315,9 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
   if Vp != V:  # zero value columns stay zero
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
     m0 = jnp.pad(m0, [(0, 0)] * (m0.ndim - 1) + [(0, Vp - V)])
-  docs = None if starts is None else documents(starts)
-  if docs is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
+  packed = None if starts is None else packed_codes(k_idx, q_idx, starts, m0.shape[-2])
+  if packed is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
-  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, docs, rows_dtype, rows_segments,
+  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments,
                                   table_dtype)
   return o[..., :V], final[..., :V].astype(jnp.float32)

@@ -172,3 +172,25 @@ def test_bad_segment_ids_raise(segment_ids, match):
   args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
   with pytest.raises(ValueError, match=match):
     sparse_delta_rule(**args, impl="scan", segment_ids=jnp.asarray(segment_ids))
+
+
+@pytest.mark.parametrize("one_key", [True, False])
+def test_packed_codes_mark_what_each_run_wrote(one_key):
+  """The pallas path's index coding (`sparse_pallas._code_row`, with its one-key and two-key sorts) against its
+  definition, token by token: a write index is fresh where its run wrote the slot at an earlier token, a read index
+  where its run wrote it at this token or an earlier one; N small so that slots repeat within and across tokens."""
+  from sdm_jax.ops.sparse_pallas import _code_row
+  Tc, n, starts = 30, 12, (0, 7, 8, 19)
+  rng = np.random.default_rng(6)
+  k, q = rng.integers(0, n, (Tc, 4)), rng.integers(0, n, (Tc, 3))
+  run_start = np.zeros(Tc, np.int32)
+  for s in starts:
+    run_start[s:] = s
+  k_code, q_code = _code_row(jnp.asarray(k, jnp.int32), jnp.asarray(q, jnp.int32), jnp.asarray(run_start), N=n,
+                             one_key=one_key)
+  for t in range(Tc):
+    written = lambda last: set(k[run_start[t]:last].reshape(-1))
+    assert [c >= 0 for c in np.asarray(k_code[t])] == [s in written(t) for s in k[t]]
+    assert [c >= 0 for c in np.asarray(q_code[t])] == [s in written(t + 1) for s in q[t]]
+    assert np.array_equal(np.where(np.asarray(k_code[t]) < 0, ~np.asarray(k_code[t]), k_code[t]), k[t])
+    assert np.array_equal(np.where(np.asarray(q_code[t]) < 0, ~np.asarray(q_code[t]), q_code[t]), q[t])

@@ -55,27 +55,32 @@ def test_bf16_table_lowers_for_cuda():
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
-@pytest.mark.parametrize("shared,table_dtype,rows_dtype,tokens", [
-    (True, jnp.float32, jnp.float32, (0, 37)), (False, jnp.float32, jnp.bfloat16, (5, 30)),
-    (True, jnp.bfloat16, jnp.bfloat16, (20, 37))])
-def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, tokens):
-  """The packed variants (m0 given, DESIGN.md section 9): the forward's restore loop and the backward's transposed
-  restore and replay (dynamic bounds), m0 shared over the batch or per row, with a bf16 table, over a token range."""
+@pytest.mark.parametrize("shared,table_dtype,rows_dtype,rows_from", [
+    (True, jnp.float32, jnp.float32, 0), (False, jnp.float32, jnp.bfloat16, 5), (True, jnp.bfloat16, jnp.bfloat16, 20)])
+def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from):
+  """The packed variants (m0 given, DESIGN.md section 9): coded indices, stale rows loaded from m0 under a mask and
+  the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table, from a later token."""
   T, W = 37, 128
-  lo, hi = tokens
   m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), jnp.float32)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
-  per_row = jax.ShapeDtypeStruct((B, T), jnp.int32)
-  forward = lambda m, restore_from, *a: sparse_tokens_fwd(*a, m0=m, restore_from=restore_from, rows_dtype=rows_dtype,
-                                                          rows_from=lo)
-  assert _lowers_for_cuda(forward, (m0, per_row, table, *_forward_args(T, W)[1:]))
-  x = lambda *shape, dtype=jnp.float32: _per_token(T, *shape, dtype=dtype)
+  forward = lambda m, *a: sparse_tokens_fwd(*a, m0=m, rows_dtype=rows_dtype, rows_from=rows_from)
+  assert _lowers_for_cuda(forward, (m0, table, *_forward_args(T, W)[1:]))
+  L = T - rows_from
+  x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
-  rows = jax.ShapeDtypeStruct((B, H, hi - lo, W, V), rows_dtype)
+  rows = jax.ShapeDtypeStruct((B, H, L, W, V), rows_dtype)
   args = (table, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), rows, x(V))
-  backward = lambda m, d_m0, previous_run, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0, previous_run=previous_run,
-                                                                 tokens=tokens)
-  assert _lowers_for_cuda(backward, (m0, TABLE, per_row, *args))
+  backward = lambda m, d_m0, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0)
+  assert _lowers_for_cuda(backward, (m0, TABLE, *args))
+
+
+def test_backward_takes_m0_and_d_m0_together():
+  T, W = 4, 16
+  x = lambda *shape, dtype=jnp.float32: jnp.zeros((B, H, T, *shape), dtype)
+  idx, table = x(W, dtype=jnp.int32), jnp.zeros(TABLE.shape)
+  args = (table, table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W, V), x(V))
+  with pytest.raises(ValueError, match="m0 and d_m0"):
+    sparse_tokens_bwd(*args, m0=jnp.zeros((H, N, V)))
 
 
 @pytest.mark.parametrize("block_v,num_warps,num_stages", [(8, 2, 1), (32, 8, 2), (64, 4, 1)])
