@@ -64,6 +64,11 @@ def _stale_rows(ref, at, fresh, dtype):
   return pltriton.load(ref.at[at], mask=~fresh, other=0.0).astype(dtype).astype(jnp.float32)
 
 
+def _fresh_rows(ref, at, fresh):
+  """ref's rows at `at` where the slot is fresh, 0 elsewhere (not loaded): the table where its rows are m0's."""
+  return pltriton.load(ref.at[at], mask=fresh, other=0.0)
+
+
 def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows, rows, barrier):
   """Token t's write, from the rows (fp32) the table held at its write slots k_rows before it."""
   rows = decay_ref[t] * rows
@@ -85,15 +90,16 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   at_rows, barrier = _tools(bv, interpret)
   write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
 
-  def gather(code):
+  def gather(code, raw_too=False):
     """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
-    rows the math reads: packed, m0's where the slot is stale."""
+    rows the math reads: packed, m0's where the slot is stale, the table's loaded there only with raw_too (the
+    write rows of a forward that saves them; raw is 0 there otherwise)."""
     if not packed:
       raw = table_ref[at_rows(code)].astype(f32)
       return raw, raw
     slot, fresh = _decode(code)
     at = at_rows(slot)
-    raw = table_ref[at].astype(f32)
+    raw = (table_ref[at] if raw_too else _fresh_rows(table_ref, at, fresh)).astype(f32)
     return raw, jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
 
   def token(t, found, save):
@@ -107,12 +113,12 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
     read = gather(q_idx_ref[t, :])[1]
-    following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :])
+    following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :], raw_too=bool(rows_ref))
     o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following
 
-  found = gather(k_idx_ref[0, :])
+  found = gather(k_idx_ref[0, :], raw_too=bool(rows_ref))
   if rows_from:
     found = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), found)
   jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), found)
@@ -196,6 +202,9 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     slot, fresh = _decode(code)
     return at_rows(slot), fresh
 
+  def table_rows(ref, at, fresh):  # packed: only where the slot is fresh (0 elsewhere)
+    return ref[at] if fresh is None else _fresh_rows(ref, at, fresh)
+
   def math_rows(raw, at, fresh):  # packed: m0's rows where the slot is stale
     return raw if fresh is None else jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
 
@@ -216,8 +225,9 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     # 1. The read of token t, on M_t.
     q_rows, q_fresh = rows_at(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
-    d_q_w_ref[t, :] = jnp.sum(math_rows(table_ref[q_rows].astype(f32), q_rows, q_fresh) * d_o, axis=1)
-    d_read = d_table_ref[q_rows]
+    d_q_w_ref[t, :] = jnp.sum(math_rows(table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
+                              axis=1)
+    d_read = table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
     if not packed:
       barrier()
     add_cotangent(q_rows, q_fresh, d_read, q_slot_ref[t, :][:, None] * d_o)
