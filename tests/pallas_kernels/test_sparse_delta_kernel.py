@@ -55,15 +55,17 @@ def test_bf16_table_lowers_for_cuda():
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
-@pytest.mark.parametrize("shared,table_dtype,rows_dtype,rows_from", [
-    (True, jnp.float32, jnp.float32, 0), (False, jnp.float32, jnp.bfloat16, 5), (True, jnp.bfloat16, jnp.bfloat16, 20)])
-def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from):
-  """The packed variants (m0 given, DESIGN.md section 9): coded indices, stale rows loaded from m0 under a mask and
-  the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table, from a later token."""
+@pytest.mark.parametrize("shared,table_dtype,rows_dtype,rows_from,save_rows", [
+    (True, jnp.float32, jnp.float32, 0, True), (False, jnp.float32, jnp.bfloat16, 5, True),
+    (True, jnp.bfloat16, jnp.bfloat16, 20, True), (True, jnp.bfloat16, jnp.float32, 0, False)])
+def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save_rows):
+  """The packed variants (m0 given, DESIGN.md section 9): coded indices, rows loaded from the table or m0 under
+  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table, from a later
+  token, and the forward that saves nothing."""
   T, W = 37, 128
   m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), jnp.float32)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
-  forward = lambda m, *a: sparse_tokens_fwd(*a, m0=m, rows_dtype=rows_dtype, rows_from=rows_from)
+  forward = lambda m, *a: sparse_tokens_fwd(*a, m0=m, save_rows=save_rows, rows_dtype=rows_dtype, rows_from=rows_from)
   assert _lowers_for_cuda(forward, (m0, table, *_forward_args(T, W)[1:]))
   L = T - rows_from
   x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
