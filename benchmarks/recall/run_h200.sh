@@ -14,9 +14,10 @@
 #        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
 #                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
 #                 runs/recall/$NIAH_DIR (default niah)
-# MIXERS (default: all eight) narrows the state step. PARALLEL=n runs every step as n processes sharing the GPU, each
-# a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all.
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
+# MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
+# the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
+# trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); more were not tried.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -33,7 +34,7 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
   tar czf "$OUT/recall.tgz" --exclude=checkpoints --exclude=.jax_cache -C runs recall
 }
 sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 1) processes share the GPU, each a shard of the runs
-  local limit=$1 name=$2 n=${PARALLEL:-1} i; shift 2
+  local limit=$1 name=$2 n=${PARALLEL:-3} i; shift 2
   if [ "$n" -le 1 ]; then
     run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
     return
