@@ -240,7 +240,8 @@ def _line_styles(lines):
 
 
 def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
-  """Each metric's mean against `field` with its interval as a shaded band, one line per mixer (and other values)."""
+  """Each metric's mean against `field` with its interval as a shaded band and each seed's value as a dot, one line per
+  mixer (and other values)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -259,11 +260,17 @@ def plot(points, path, where, field, metrics=("accuracy", "exact_match")):
       y = np.array([member[1]["mean"] for member in members])
       err = np.array([member[1]["ci"] or 0.0 for member in members])
       ax.plot(x, y, label=label, **styles[label])
-      ax.fill_between(x, y - err, y + err, color=styles[label]["color"], alpha=0.1, linewidth=0)
+      ax.fill_between(x, y - err, y + err, color=styles[label]["color"], alpha=0.06, linewidth=0)
+      # Each seed's value as a small dot: with 2-3 seeds an interval says less than the seeds themselves.
+      seeds = [(xi, value) for xi, (_, stats) in zip(x, members) for value in stats.get("values", [])]
+      if len(seeds) > len(x):
+        ax.scatter(*zip(*seeds), s=20, color=styles[label]["color"], alpha=0.7, linewidths=0,
+                   marker=styles[label]["marker"])
     if xs and min(xs) > 0 and max(xs) / min(xs) >= 8:
       ax.set_xscale("log", base=2)
     ax.set(xlabel=field if where is not None else "recurrent state elements (all layers)",
-           ylabel=f"{metric.replace('_', ' ')} ({round(100 * CONFIDENCE)} % t-interval over seeds)", ylim=(-0.02, 1.02))
+           ylabel=f"{metric.replace('_', ' ')} (band: {round(100 * CONFIDENCE)} % t-interval, dots: seeds)",
+           ylim=(-0.02, 1.02))
     ax.grid(True, alpha=0.3)
   # One legend, right of the last panel, clear of the data.
   axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
