@@ -18,9 +18,9 @@
 #   kernels     each Pallas kernel alone at 4x4096, chunks 32 and 64, the state passes over block_v 16 / 32 / 64
 #   compare     compare_impls: pallas against chunk, every gradient, every mixer, fp32 and bf16, at 4x4096
 #   scan        compare_impls: every impl against scan at T 1200 (not a whole number of chunks)
-#   ncu         Nsight Compute on the per-chunk kernels of one GDN-2 op, where the image has it
+#   ncu         Nsight Compute on the per-chunk kernels of one GDN-2 op (benchmarks/ncu_target.py)
 #   sdm         sdm: the SDM op beside dense GDN, its row traffic, product-key addressing
-#   sdm_ncu     Nsight Compute on the SDM token kernels (benchmarks/sdm/ncu_target.py), their SASS with stall samples
+#   sdm_ncu     Nsight Compute on the SDM token kernels (benchmarks/ncu_target.py), their SASS with stall samples
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
@@ -94,22 +94,17 @@ for step in ${*:-compare bench sdm mqar}; do
       compare_runs compare 150 chunk,pallas "bfloat16 float32" --batch=4 --seq_len=4096 ;;
     scan)
       compare_runs scan 100 scan,chunk,pallas "float32 bfloat16" --batch=2 --seq_len=1200 ;;
-    ncu)  # the ops mode at one timed run: its first launches of each kernel are the ones counted (-c 4)
-      if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
-        NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        run 150 "$NCU" --target-processes all -k regex:"gram_solve|solved|intra_chunk|pair_bwd" -c 4 --section LaunchStats \
-          --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
-          python3 -m experiments.bench --what=ops --mixers=gdn2 --impls=pallas --shapes=4x4096 --set=chunk_size=64 \
-          --set=peer=false --reps=1 --out_dir="$RES" --tag=h200_ncu
-      else
-        echo "no ncu on this machine: $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')" | tee -a "$OUT/log.txt"
-      fi ;;
-    sdm_ncu)  # Nsight Compute on the SDM token kernels (forward, then forward and backward): where each token waits.
-      # The target imports no benchmarking code (benchmarks/sdm/ncu_target.py says why); killed if it hangs.
+    ncu)  # Nsight Compute on the per-chunk kernels of one GDN-2 op (chunk 64): forward, then forward and backward
+      NCU=/usr/local/cuda/bin/ncu
+      run 160 timeout -s KILL 150 "$NCU" -k regex:"gram_solve|solved|intra_chunk|pair_bwd" -c 4 --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        python3 benchmarks/ncu_target.py gdn2 64 ;;
+    sdm_ncu)  # Nsight Compute on the SDM token kernels (forward, then forward and backward): where each token waits;
+      # both ncu steps profile benchmarks/ncu_target.py (it says why), killed if they hang
       NCU=/usr/local/cuda/bin/ncu
       run 240 timeout -s KILL 230 "$NCU" -k regex:sparse_tokens -c 3 --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section SourceCounters \
-        -o "$RES/sdm_ncu" python3 benchmarks/sdm/ncu_target.py
+        -o "$RES/sdm_ncu" python3 benchmarks/ncu_target.py sdm
       [ -f "$RES/sdm_ncu.ncu-rep" ] && "$NCU" -i "$RES/sdm_ncu.ncu-rep" --page source --csv --print-source sass \
         > "$RES/sdm_ncu_sass.csv" 2>&1 ;;
     sdm)

@@ -180,3 +180,15 @@ def test_back_to_back_ms_syncs_once_after_the_warm_calls_and_rotates_the_sets():
   ms = timing.back_to_back_ms(fn, [(1,), (2,)], reps=4, sync=synced.append)
   assert calls == [1, 2, 1, 2, 1, 2] and synced == [1, 2, 2]
   assert 10 <= ms < 1000, ms
+
+
+def test_ncu_target_runs_the_sdm_op_forward_and_backward(capsys):
+  """benchmarks/ncu_target.py, the Nsight Compute steps' target, at a small SDM shape (interpret mode here)."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).parents[2] / "benchmarks" / "ncu_target.py"
+  spec = importlib.util.spec_from_file_location("ncu_target", path)
+  target = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(target)
+  target.main(["ncu_target.py", "sdm", "8", "512", "16"])
+  assert "ncu target sdm: done" in capsys.readouterr().out
