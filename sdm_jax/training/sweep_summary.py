@@ -137,17 +137,24 @@ def _fmt_metric(metric):
   return f"{metric['mean']:.4f}{ci}"
 
 
+def _fmt_seeds(entry, metric):
+  """Each seed's value, '0.521 (0), 0.643 (1)': with 2-3 seeds they say more than the interval."""
+  values = (entry.get(metric) or {}).get("values", [])
+  return ", ".join(f"{value:.3f} ({seed})" for seed, value in zip(entry["seeds"], values)) or "-"
+
+
 def format_table(points):
   """The markdown table: one row per (grid point, evaluation point)."""
   grid, evals = _axes(points)
   columns = ["mixer", *grid, *[f"eval {field}" for field in evals], "block params", "FLOPs/token",
-             "state elements", "seeds", "accuracy", "exact match", "loss"]
+             "state elements", "seeds", "accuracy", "accuracy by seed", "exact match", "loss"]
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for entry in points:
     cells = [entry["mixer"], *[_fmt_value(entry["point"].get(field, "-")) for field in grid],
              *[_fmt_value(entry["eval_point"].get(field, "train")) for field in evals],
              f"{entry['block_params']:,}", f"{entry['flops_per_token']:,.0f}", f"{entry['state_elements']:,}",
-             str(len(entry["seeds"])), *[_fmt_metric(entry.get(metric)) for metric in METRICS]]
+             str(len(entry["seeds"])), _fmt_metric(entry.get(METRICS[0])), _fmt_seeds(entry, METRICS[0]),
+             *[_fmt_metric(entry.get(metric)) for metric in METRICS[1:]]]
     lines.append("| " + " | ".join(cells) + " |")
   pct = round(100 * (points[0]["confidence"] if points else CONFIDENCE))
   lines.append(f"\nmean ± the half-width of its {pct} % t-interval over seeds (none with one seed); block params: "

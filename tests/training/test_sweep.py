@@ -193,7 +193,7 @@ def test_summary_merges_workdirs_and_writes_table_json_and_plots(demo, tmp_path)
                              "kda (seq_len=64)"]
   assert [x for x, _ in by_head["gdn (seq_len=32)"]] == [16, 32]
   table = (tmp_path / "out" / "summary.md").read_text()
-  assert "| gdn | gdn | 32 | 32 | 32 |" in table and "0.5667 ± 0.2868" in table
+  assert "| gdn | gdn | 32 | 32 | 32 |" in table and "0.5667 ± 0.2868 | 0.500 (0), 0.500 (1), 0.700 (2) |" in table
   stored = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert len(stored["runs"]) == 4 * 3 * 3
 
