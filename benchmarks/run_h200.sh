@@ -21,6 +21,7 @@
 #   ncu         Nsight Compute on the per-chunk kernels of one GDN-2 op (benchmarks/ncu_target.py)
 #   sdm         sdm: the SDM op beside dense GDN, its row traffic, product-key addressing
 #   sdm_ncu     Nsight Compute on the SDM token kernels (benchmarks/ncu_target.py), their SASS with stall samples
+#   sdm_tests   the SDM tests (packed included) on the GPU, the token kernels compiled by Triton
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
@@ -107,6 +108,9 @@ for step in ${*:-compare bench sdm mqar}; do
         -o "$RES/sdm_ncu" python3 benchmarks/ncu_target.py sdm
       [ -f "$RES/sdm_ncu.ncu-rep" ] && "$NCU" -i "$RES/sdm_ncu.ncu-rep" --page source --csv --print-source sass \
         > "$RES/sdm_ncu_sass.csv" 2>&1 ;;
+    sdm_tests)  # the SDM tests on the GPU: the Pallas token kernels (packed included) against the float64 scan
+      run 300 python3 -m pytest -q -p no:cacheprovider tests/ops/test_sparse_packed.py tests/ops/test_sparse_delta.py \
+        tests/pallas_kernels/test_sparse_delta_kernel.py ;;
     sdm)
       bench 500 sdm h200_sdm ;;
     sdm_kernels)
