@@ -53,20 +53,26 @@ def _tools(bv, interpret):
   return at_rows, barrier
 
 
-def _decode(code):
-  """Packed indices: (slot, fresh [.., 1]) from a code, ~slot (< 0) where the token's run has not written the slot."""
-  return jnp.where(code < 0, ~code, code), (code >= 0)[:, None]
+def _coded_rows(at_rows, code, packed):
+  """(at, fresh): the table rows at a token's slots and, packed (coded indices: ~slot where the token's run has not
+  written the slot), which of them its run has written, [.., 1] bool (None unpacked)."""
+  if not packed:
+    return at_rows(code), None
+  return at_rows(jnp.where(code < 0, ~code, code)), (code >= 0)[:, None]
 
 
-def _stale_rows(ref, at, fresh, dtype):
-  """ref's rows at `at` where the slot is stale (fresh False), 0 elsewhere (not loaded), fp32 after a round trip
-  through dtype (m0's rows as a table of that dtype would hold them)."""
-  return pltriton.load(ref.at[at], mask=~fresh, other=0.0).astype(dtype).astype(jnp.float32)
+def _table_rows(ref, at, fresh):
+  """ref's rows at `at`; given fresh, only where the slot is fresh (0 elsewhere, not loaded)."""
+  return ref[at] if fresh is None else pltriton.load(ref.at[at], mask=fresh, other=0.0)
 
 
-def _fresh_rows(ref, at, fresh):
-  """ref's rows at `at` where the slot is fresh, 0 elsewhere (not loaded): the table where its rows are m0's."""
-  return pltriton.load(ref.at[at], mask=fresh, other=0.0)
+def _math_rows(raw, m0_ref, at, fresh, dtype):
+  """The rows the math reads from the table's (fp32) raw ones: packed, m0's where the slot is stale (loaded only
+  there, fp32 after a round trip through the table's dtype, as a table of that dtype would hold them)."""
+  if fresh is None:
+    return raw
+  m0_rows = pltriton.load(m0_ref.at[at], mask=~fresh, other=0.0).astype(dtype).astype(jnp.float32)
+  return jnp.where(fresh, raw, m0_rows)
 
 
 def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows, rows, barrier):
@@ -82,6 +88,7 @@ def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows
 def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref, *refs,
                 rows_from, packed, interpret):
   del table_in_ref  # aliased with table_ref
+  m0_ref = None
   if packed:
     m0_ref, *refs = refs
   table_ref, o_ref, *rows_ref = refs
@@ -94,18 +101,14 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
     rows the math reads: packed, m0's where the slot is stale, the table's loaded there only with raw_too (the
     write rows of a forward that saves them; raw is 0 there otherwise)."""
-    if not packed:
-      raw = table_ref[at_rows(code)].astype(f32)
-      return raw, raw
-    slot, fresh = _decode(code)
-    at = at_rows(slot)
-    raw = (table_ref[at] if raw_too else _fresh_rows(table_ref, at, fresh)).astype(f32)
-    return raw, jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
+    at, fresh = _coded_rows(at_rows, code, packed)
+    raw = _table_rows(table_ref, at, None if raw_too else fresh).astype(f32)
+    return raw, _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
 
   def token(t, found, save):
     """found: (raw, rows) at token t's write slots, gathered after token t - 1's writes (with its read)."""
     raw, rows = found
-    k_rows = at_rows(_decode(k_idx_ref[t, :])[0] if packed else k_idx_ref[t, :])
+    k_rows = _coded_rows(at_rows, k_idx_ref[t, :], packed)[0]
     if save:  # the raw rows: what the backward's undo puts back
       rows_ref[0][t - rows_from] = raw.astype(rows_ref[0].dtype)
     write(t, k_rows, rows)
@@ -143,8 +146,8 @@ def _m0_spec(m0, block_v):
 
 @functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
                                              "num_stages", "interpret"))
-def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True, rows_dtype=jnp.float32, rows_from=0, block_v=32, num_warps=4, num_stages=1,
-                      interpret=False):
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True,
+                      rows_dtype=jnp.float32, rows_from=0, block_v=32, num_warps=4, num_stages=1, interpret=False):
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
@@ -187,6 +190,7 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
                 rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, packed, interpret):
   del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
+  m0_ref = None
   if packed:
     m0_ref, d_m0_in_ref, *refs = refs
     del d_m0_in_ref  # aliased with d_m0_ref
@@ -194,19 +198,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
-
-  def rows_at(code):
-    """(at, fresh or None): the rows at the coded slots and, packed, which the token's run has written."""
-    if not packed:
-      return at_rows(code), None
-    slot, fresh = _decode(code)
-    return at_rows(slot), fresh
-
-  def table_rows(ref, at, fresh):  # packed: only where the slot is fresh (0 elsewhere)
-    return ref[at] if fresh is None else _fresh_rows(ref, at, fresh)
-
-  def math_rows(raw, at, fresh):  # packed: m0's rows where the slot is stale
-    return raw if fresh is None else jnp.where(fresh, raw, _stale_rows(m0_ref, at, fresh, table_ref.dtype))
+  rows_at = functools.partial(_coded_rows, at_rows, packed=packed)
+  math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
 
   def add_cotangent(at, fresh, d_rows, delta):
     """dM[at] = d_rows + delta (d_rows: dM there, read before the barrier); packed, dM0 takes the stale rows' part."""
@@ -225,9 +218,9 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     # 1. The read of token t, on M_t.
     q_rows, q_fresh = rows_at(q_idx_ref[t, :])
     d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
-    d_q_w_ref[t, :] = jnp.sum(math_rows(table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
+    d_q_w_ref[t, :] = jnp.sum(math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
                               axis=1)
-    d_read = table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
+    d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
     if not packed:
       barrier()
     add_cotangent(q_rows, q_fresh, d_read, q_slot_ref[t, :][:, None] * d_o)

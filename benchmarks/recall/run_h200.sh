@@ -33,7 +33,7 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
   timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -i "warning" | tee -a "$OUT/log.txt"
   tar czf "$OUT/recall.tgz" --exclude=checkpoints --exclude=.jax_cache -C runs recall
 }
-sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 1) processes share the GPU, each a shard of the runs
+sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 3) processes share the GPU, each a shard of the runs
   local limit=$1 name=$2 n=${PARALLEL:-3} i; shift 2
   if [ "$n" -le 1 ]; then
     run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"

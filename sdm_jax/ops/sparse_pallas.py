@@ -112,7 +112,8 @@ def _code_row(k, q, run_start, N, one_key=None):
   T, W = k.shape
   time = lambda x, code: jnp.broadcast_to(2 * jnp.arange(T, dtype=jnp.int32)[:, None] + code, x.shape).reshape(-1)
   slot = jnp.concatenate([k.reshape(-1), q.reshape(-1)])
-  when = jnp.concatenate([time(k, 0), time(q, 1)])  # token t's write gathers at 2t, its read (after its write) at 2t + 1
+  # Token t's write gathers at time 2t, its read (after its write) at 2t + 1.
+  when = jnp.concatenate([time(k, 0), time(q, 1)])
   n = slot.size
   position = jnp.arange(n, dtype=jnp.int32)
   if one_key is None:
@@ -192,9 +193,10 @@ def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPE
   None; the rest as the op's."""
   B, T = v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
-  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed),
-                                    m0=None if packed is None else m0, save_rows=save,
-                                    rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], interpret=interpret())
+  args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed)
+  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=None if packed is None else m0,
+                                    save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
+                                    interpret=interpret())
   final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, m0.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
@@ -255,8 +257,10 @@ def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   B, T = r.v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
   tokens = _backward_tokens(r, d_o)
-  forward_args = (_kernel_forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx, r.q_w, r.packed)
-                  if len(bounds) > 2 else None)
+  forward_args = None  # the replay's: the backward's per-token arrays, with q_w
+  if len(bounds) > 2:
+    forward_args = (tokens.k_idx, tokens.k_w, tokens.k_slot, tokens.decay, tokens.beta, tokens.v, tokens.q_idx,
+                    _heads(r.q_w))
   table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
   d_m0 = None
   if r.packed is not None:
