@@ -1,5 +1,5 @@
-"""Random inputs for every dense mixer of the registry `sdm_jax.ops.MIXERS`, and the readout loss the tools
-differentiate.
+"""Random inputs for every dense mixer of the registry `sdm_jax.ops.MIXERS` and for the SDM op, and the readout loss
+the tools differentiate.
 
 Shared by experiments/compare_impls.py, the benchmark modes (ops, packed, kernels) and kernel tests, so every tool
 times and checks the same distribution: q, k, v ~ N(0, 1) (the op L2-normalises q and k), log
@@ -64,3 +64,20 @@ def make_loss(fn, impl, chunk_size):
       value = value + jnp.sum(final_state * r_s)
     return value, (o, final_state)
   return loss
+
+
+def sdm_inputs(B, T, H, N, V, W, R, seed):
+  """Random SDM inputs: bf16 values, fp32 table, weights a softmax over random scores."""
+  rng = np.random.default_rng(seed)
+  softmax = lambda s: np.exp(s - s.max(-1, keepdims=True)) / np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True)
+  floats = {
+      "m0": jnp.asarray(0.01 * rng.standard_normal((H, N, V), np.float32)),
+      "k_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, W), np.float32))),
+      "v": jnp.asarray(rng.standard_normal((B, T, H, V), np.float32), jnp.bfloat16),
+      "g": jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((B, T, H)) - 1.0), jnp.float32),
+      "beta": jnp.asarray(1 / (1 + np.exp(-rng.standard_normal((B, T, H)))), jnp.float32),
+      "q_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, R), np.float32))),
+  }
+  ints = {"k_idx": jnp.asarray(rng.integers(0, N, (B, T, H, W)), jnp.int32),
+          "q_idx": jnp.asarray(rng.integers(0, N, (B, T, H, R)), jnp.int32)}
+  return floats, ints

@@ -11,30 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
-from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts
+from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts, sdm_inputs
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.sparse_pallas import check_rows_options
 
 INPUT_SETS = 3
-
-
-def sdm_inputs(B, T, H, N, V, W, R, seed):
-  """Random SDM inputs: bf16 values, fp32 table, weights a softmax over random scores."""
-  rng = np.random.default_rng(seed)
-  softmax = lambda s: np.exp(s - s.max(-1, keepdims=True)) / np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True)
-  floats = {
-      "m0": jnp.asarray(0.01 * rng.standard_normal((H, N, V), np.float32)),
-      "k_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, W), np.float32))),
-      "v": jnp.asarray(rng.standard_normal((B, T, H, V), np.float32), jnp.bfloat16),
-      "g": jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((B, T, H)) - 1.0), jnp.float32),
-      "beta": jnp.asarray(1 / (1 + np.exp(-rng.standard_normal((B, T, H)))), jnp.float32),
-      "q_w": jnp.asarray(softmax(rng.standard_normal((B, T, H, R), np.float32))),
-  }
-  ints = {"k_idx": jnp.asarray(rng.integers(0, N, (B, T, H, W)), jnp.int32),
-          "q_idx": jnp.asarray(rng.integers(0, N, (B, T, H, R)), jnp.int32)}
-  return floats, ints
 
 
 def sdm_options(text, setting):

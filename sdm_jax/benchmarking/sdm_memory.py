@@ -22,7 +22,8 @@ import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.op_compare import error_row
-from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_inputs, sdm_options, sdm_shapes
+from sdm_jax.benchmarking.op_inputs import sdm_inputs
+from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
 
 IMPLS = ("scan", "chunk", "pallas")

@@ -94,7 +94,7 @@ def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages):
 @pytest.mark.parametrize("block_v", [8, 32])
 def test_value_tiles_give_the_same_result(block_v):
   """Columns are independent: any value tile gives the same forward, bit for bit, in interpret mode."""
-  from sdm_jax.benchmarking.sdm_bench import sdm_inputs
+  from sdm_jax.benchmarking.op_inputs import sdm_inputs
   from sdm_jax.ops.sparse_pallas import _forward_args
   T, N, V, W = 24, 64, 64, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 0)
@@ -107,7 +107,7 @@ def test_value_tiles_give_the_same_result(block_v):
 
 def test_rows_from_and_rows_dtype_select_the_saved_rows():
   """rows_from saves the rows of the later tokens only, rows_dtype rounds them; the table and o do not change."""
-  from sdm_jax.benchmarking.sdm_bench import sdm_inputs
+  from sdm_jax.benchmarking.op_inputs import sdm_inputs
   from sdm_jax.ops.sparse_pallas import _forward_args
   T, N, V, W = 24, 64, 32, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 1)
