@@ -75,13 +75,23 @@ def _math_rows(raw, m0_ref, at, fresh, dtype):
   return jnp.where(fresh, raw, m0_rows)
 
 
-def _write(table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, t, k_rows, rows, barrier):
-  """Token t's write, from the rows (fp32) the table held at its write slots k_rows before it."""
-  rows = decay_ref[t] * rows
-  r = jnp.sum(k_w_ref[t, :][:, None] * rows, axis=0, keepdims=True)
-  d = beta_ref[t] * (v_ref[pl.ds(t, 1), :].astype(jnp.float32) - r)
+def _token_inputs(t, **refs):
+  """Token t's entry of each per-token input, by name: a scalar from a [T] ref, a row [n] from a [T, n] one (v and
+  d_o, [T, bv] tiles, keep [1, bv]). The kernels load these a token ahead and carry them: loaded where they are
+  needed, each was a memory round trip of its own on every token's dependent chain (Nsight Compute on the forward,
+  2026-12-02: over half its stall samples waited on them, not on the table's rows)."""
+  return {name: ref[t] if ref.ndim == 1 else ref[pl.ds(t, 1), :] if name in ("v", "d_o") else ref[t, :]
+          for name, ref in refs.items()}
+
+
+def _write(table_ref, x, k_rows, rows, barrier):
+  """A token's write from its inputs x (`_token_inputs`) and the rows (fp32) the table held at its write slots
+  k_rows before it."""
+  rows = x["decay"] * rows
+  r = jnp.sum(x["k_w"][:, None] * rows, axis=0, keepdims=True)
+  d = x["beta"] * (x["v"].astype(jnp.float32) - r)
   barrier()  # a slot listed twice: every copy is read before any is rewritten
-  table_ref[k_rows] = (rows + k_slot_ref[t, :][:, None] * d).astype(table_ref.dtype)
+  table_ref[k_rows] = (rows + x["k_slot"][:, None] * d).astype(table_ref.dtype)
   barrier()  # the writes land before the reads
 
 
@@ -95,36 +105,42 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
-  write = functools.partial(_write, table_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, barrier=barrier)
+  inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, decay=decay_ref, beta=beta_ref, v=v_ref,
+                q_idx=q_idx_ref, q_w=q_w_ref)
+  ahead = lambda t: _token_inputs(jnp.minimum(t, T - 1), **inputs)
 
-  def gather(code, raw_too=False):
+  def gather(code):
     """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
-    rows the math reads: packed, m0's where the slot is stale, the table's loaded there only with raw_too (the
-    write rows of a forward that saves them; raw is 0 there otherwise)."""
+    rows the math reads: packed, m0's where the slot is stale. The table's rows are loaded at stale slots too: loaded
+    only where fresh, the no-save packed forward took 32.2 ms against 29.9 (H200, 2026-12-02, 0a22b6a against f41a422,
+    benchmarks/sdm/2026-12-02_h200_sdm_packed_0a22b6a_vs_f41a422.md)."""
     at, fresh = _coded_rows(at_rows, code, packed)
-    raw = _table_rows(table_ref, at, None if raw_too else fresh).astype(f32)
+    raw = table_ref[at].astype(f32)
     return raw, _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
 
-  def token(t, found, save):
-    """found: (raw, rows) at token t's write slots, gathered after token t - 1's writes (with its read)."""
-    raw, rows = found
-    k_rows = _coded_rows(at_rows, k_idx_ref[t, :], packed)[0]
+  def token(t, carry, save):
+    """carry: (raw, rows) at token t's write slots, gathered after token t - 1's writes (with its read), and token
+    t's inputs."""
+    (raw, rows), x = carry
+    x_next = ahead(t + 1)  # issued first; used from this token's last gather on
+    k_rows = _coded_rows(at_rows, x["k_idx"], packed)[0]
     if save:  # the raw rows: what the backward's undo puts back
       rows_ref[0][t - rows_from] = raw.astype(rows_ref[0].dtype)
-    write(t, k_rows, rows)
+    _write(table_ref, x, k_rows, rows, barrier)
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
-    read = gather(q_idx_ref[t, :])[1]
-    following = gather(k_idx_ref[jnp.minimum(t + 1, T - 1), :], raw_too=bool(rows_ref))
-    o = jnp.sum(q_w_ref[t, :][:, None] * read, axis=0, keepdims=True)
+    read = gather(x["q_idx"])[1]
+    following = gather(x_next["k_idx"])
+    o = jnp.sum(x["q_w"][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
-    return following
+    return following, x_next
 
-  found = gather(k_idx_ref[0, :], raw_too=bool(rows_ref))
+  x = ahead(0)
+  carry = gather(x["k_idx"]), x
   if rows_from:
-    found = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), found)
-  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), found)
+    carry = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), carry)
+  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), carry)
 
 
 def _specs(block_v):
@@ -211,34 +227,39 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     pltriton.store(d_table_ref.at[at], d_rows + delta, mask=fresh)
     pltriton.store(d_m0_ref[0].at[at], d_m0_rows + delta, mask=~fresh)
 
-  def token(t, carry):
-    found_raw = rows_ref[t].astype(f32)  # loaded first: it depends on nothing the token writes
-    k_rows, k_fresh = rows_at(k_idx_ref[t, :])
-    found = math_rows(found_raw, k_rows, k_fresh)
+  inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
+                beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, d_o=d_o_ref)
+  ahead = lambda t: _token_inputs(jnp.maximum(t, 0), **inputs)
+
+  def token(t, x):
+    """x: token t's inputs, loaded during token t + 1; returns token t - 1's."""
+    x_next = ahead(t - 1)  # issued first; used from the next token on
+    found_raw = rows_ref[t].astype(f32)  # loaded early: it depends on nothing the token writes
+    k_rows, k_fresh = rows_at(x["k_idx"])
     # 1. The read of token t, on M_t.
-    q_rows, q_fresh = rows_at(q_idx_ref[t, :])
-    d_o = d_o_ref[pl.ds(t, 1), :].astype(f32)
+    q_rows, q_fresh = rows_at(x["q_idx"])
+    d_o = x["d_o"].astype(f32)
     d_q_w_ref[t, :] = jnp.sum(math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
                               axis=1)
     d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
     if not packed:
       barrier()
-    add_cotangent(q_rows, q_fresh, d_read, q_slot_ref[t, :][:, None] * d_o)
+    add_cotangent(q_rows, q_fresh, d_read, x["q_slot"][:, None] * d_o)
     barrier()
-    # 2. The write of token t, from the rows it found.
-    decay, beta = decay_ref[t], beta_ref[t]
-    k_w = k_w_ref[t, :][:, None]
-    decayed = decay * found
-    v_r = v_ref[pl.ds(t, 1), :].astype(f32) - jnp.sum(k_w * decayed, axis=0, keepdims=True)
+    # 2. The write of token t, from the rows it found (packed: m0's at stale slots, loaded with dM's rows).
     d_written = d_table_ref[k_rows]
+    found = math_rows(found_raw, k_rows, k_fresh)
+    decay, beta = x["decay"], x["beta"]
+    k_w = x["k_w"][:, None]
+    decayed = decay * found
+    v_r = x["v"].astype(f32) - jnp.sum(k_w * decayed, axis=0, keepdims=True)
     dd = jnp.sum(k_w * d_written, axis=0, keepdims=True)
     dr = -beta * dd
     d_v_ref[pl.ds(t, 1), :] = beta * dd
     d_beta_ref[pl.ds(t, 1)] = jnp.sum(dd * v_r, axis=1)
     d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
-    d_found = decay * (d_written + k_slot_ref[t, :][:, None] * dr)
-    d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(k_first_ref[t, :][:, None] * d_found * found, axis=1), axis=0,
-                                   keepdims=True)
+    d_found = decay * (d_written + x["k_slot"][:, None] * dr)
+    d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
       d_m0_found = pltriton.load(d_m0_ref[0].at[k_rows], mask=~k_fresh, other=0.0)
       barrier()
@@ -249,9 +270,9 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
       d_table_ref[k_rows] = d_found
     table_ref[k_rows] = found_raw.astype(table_ref.dtype)
     barrier()
-    return carry
+    return x_next
 
-  jax.lax.fori_loop(0, T, lambda i, carry: token(T - 1 - i, carry), 0)
+  jax.lax.fori_loop(0, T, lambda i, x: token(T - 1 - i, x), ahead(T - 1))
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
