@@ -163,13 +163,13 @@ def _m0_spec(m0, block_v):
 @functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
                                              "num_stages", "interpret"))
 def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True,
-                      rows_dtype=jnp.float32, rows_from=0, block_v=32, num_warps=4, num_stages=1, interpret=False):
+                      rows_dtype=jnp.float32, rows_from=0, block_v=64, num_warps=8, num_stages=1, interpret=False):
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
-  settings: the fastest of block_v 8-128 and 2-8 warps at the H200 bench shape (block_v 32: 20.2 ms, 16: 31.2,
-  64: 23.6; benchmarks/sessions/2026-11-30_h200_session11.md).
+  settings (the H200 bench shape, B 4, T 4096, H 2, V 1,024, inputs loaded a token ahead): block_v 64 with 8 warps
+  18.3 ms for the forward alone, 32 with 4 19.4 (benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
   Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V] fp32 (table holds it at t = 0), k_idx and
   q_idx coded (~slot where the token's run has not written the slot); the rows saved are the raw table's, the
   final table raw."""
@@ -277,11 +277,13 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
-                      m0=None, d_m0=None, block_v=32, num_warps=8, num_stages=1, interpret=False):
+                      m0=None, d_m0=None, block_v=64, num_warps=8, num_stages=1, interpret=False):
   """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
-  Launch settings as for the forward (block_v 32 with 8 warps: 44.6 ms at the H200 bench shape, 16 with 4: 69.0).
+  Launch settings: one wave of programs. At the H200 bench shape block_v 32 with 8 warps needs 176 registers a
+  thread, so one program a multiprocessor and two waves of 256 programs (58.3 ms, Nsight Compute); block_v 64 with 8
+  warps runs 128 programs in one (47.4 ms; 32 with 4 warps 50.9; benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
 
   Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
   [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
