@@ -88,6 +88,7 @@ class SparseDeltaMemory(RecurrentMixer):
                                      chunk_size=self.chunk_size, output_final_state=True,
                                      rows_dtype=self.rows_dtype, rows_segments=self.rows_segments,
                                      table_dtype=self.table_dtype,
+                                     distinct_slots=True,  # product-key addressing picks k distinct slots
                                      # Only when packed: unpacked calls do not depend on the op taking it.
                                      **({} if segment_ids is None else {"segment_ids": segment_ids}))
     out_gate = jax.nn.sigmoid(heads(self.out_gate_proj(x)))

@@ -68,9 +68,25 @@ def _check_indices(name, idx, N):
     raise ValueError(f"{name}: slot indices must lie in [0, N) = [0, {N}), got values in [{lo}, {hi}]")
 
 
+def _check_distinct(name, idx):
+  """With distinct_slots: ValueError if a token lists a slot twice in idx [..., W] (concrete indices, on the host;
+  traced ones by a checkify check, as `_check_indices`)."""
+  if isinstance(idx, jax.core.Tracer):
+    ordered = jnp.sort(idx, axis=-1)
+    checkify.debug_check(jnp.all(ordered[..., 1:] != ordered[..., :-1]),
+                         f"{name}: distinct_slots=True, but a token lists a slot twice")
+    return
+  ordered = np.sort(np.asarray(idx), axis=-1)
+  twice = np.argwhere(ordered[..., 1:] == ordered[..., :-1])
+  if twice.size:
+    at = tuple(int(i) for i in twice[0])
+    raise ValueError(f"{name}: distinct_slots=True promises no slot twice among a token's entries, but the token at "
+                     f"[b, t, h] = {list(at[:-1])} lists slot {int(ordered[at[:-1]][at[-1]])} twice")
+
+
 def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
                       output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32",
-                      segment_ids=None):
+                      segment_ids=None, distinct_slots=False):
   """The Sparse Delta Memory recurrence.
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
@@ -89,12 +105,18 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
   output is 0 and its inputs get zero gradient); the final table is the table after the row's last document (m0 on
   the slots that document never wrote). The result equals each document run alone, for every impl and option.
+  distinct_slots: True promises that no token lists a slot twice among its k_idx entries, nor among its q_idx ones
+  (product-key addressing never does): impl="pallas" then takes each entry's weight as its slot's instead of
+  grouping a token's entries by slot (sorts in the forward and the backward); the result is the same. Checked like
+  the index range (below); the other impls, which need no grouping, only check it.
   Returns (o [B, T, H, V] in v.dtype, final table [B, H, N, V] fp32, or None); with B, T, H, N or V of 0, zeros
   and the table unchanged. Out-of-range indices raise ValueError where the index arrays are concrete (also arrays
   a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
   impl = check_options(impl, chunk_size)
   check_rows_options(rows_dtype, rows_segments, table_dtype)
+  if not isinstance(distinct_slots, bool):
+    raise ValueError(f"distinct_slots: expected True or False, got {distinct_slots!r}")
   dims = {}
   check_shape("v", v, ("B", "T", "H", "V"), dims)
   check_array("m0", m0)
@@ -110,6 +132,8 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
     if idx.shape != ref.shape:
       raise ValueError(f"{name}: expected the shape of its weights {ref.shape}, got {idx.shape}")
     _check_indices(name, idx, dims["N"])
+    if distinct_slots:
+      _check_distinct(name, idx)
   starts = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)
@@ -129,7 +153,8 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
     # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
     # bits as the fp32 copies, without keeping them for the backward.
     o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
-                                   rows_segments=rows_segments, table_dtype=table_dtype, starts=starts)
+                                   rows_segments=rows_segments, table_dtype=table_dtype, starts=starts,
+                                   distinct_slots=distinct_slots)
   else:
     C = chunk_size
     pad = -T % C

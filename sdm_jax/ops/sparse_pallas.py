@@ -3,8 +3,8 @@
 The kernels move only the rows each token touches (W + R gathers and W writes per token and head, the
 byte floor of the update), with no per-chunk algebra: at the H200 bench shape the chunked form's
 coefficients and re-gathered rows cost more than the rows themselves (benchmarks/, 2026-11-30). Here XLA
-forms the per-token weights the kernels need (a slot's summed weight within its token, its first entry),
-and a custom_vjp saves the rows each token found before its write (T x W x V per head) for the backward
+forms the per-token weights the kernels need (a slot's summed weight within its token, its first entry; a sort of
+each token's entries, skipped with distinct slots: the weights themselves and all first), and a custom_vjp saves the rows each token found before its write (T x W x V per head) for the backward
 kernel, which undoes the writes in reverse.
 
 Those rows are the op's training memory (17.2 GB fp32 at B 4, T 4096, H 2, W 128, V 1,024; the final table
@@ -88,9 +88,10 @@ def _tokens(x):  # [B, H, T, ...] -> [B, T, H, ...]
   return jnp.moveaxis(x, 1, 2)
 
 
-def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w):
-  """sparse_tokens_fwd's per-token arguments (after the table), in its [B, H, T, ...] layout."""
-  k_slot = _summed_within_token(k_idx, k_w)
+def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, distinct=False):
+  """sparse_tokens_fwd's per-token arguments (after the table), in its [B, H, T, ...] layout. distinct: no token
+  lists a slot twice (then a slot's summed weight is its entry's)."""
+  k_slot = k_w if distinct else _summed_within_token(k_idx, k_w)
   return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
 
 
@@ -179,21 +180,21 @@ def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
   return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
 
-def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed):
+def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct):
   """`_forward_args`, packed with the coded indices in place of the slots."""
-  args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w)
+  args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, distinct)
   if packed is None:
     return args
   return (packed.k_code, *args[1:6], packed.q_code, args[7])
 
 
 def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
-             table_dtype=ROWS_DTYPES[0], packed=None):
+             table_dtype=ROWS_DTYPES[0], packed=None, distinct=False):
   """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); packed: Packed or
-  None; the rest as the op's."""
+  None; distinct: no token lists a slot twice; the rest as the op's."""
   B, T = v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
-  args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed)
+  args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
   raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=None if packed is None else m0,
                                     save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
                                     interpret=interpret())
@@ -219,12 +220,15 @@ class BackwardTokens(NamedTuple):
   d_o: Any
 
 
-def _backward_tokens(residuals, d_o):
+def _backward_tokens(residuals, d_o, distinct):
   r = residuals
   k_idx, k_w, k_slot, decay, beta, v, q_idx, _ = _kernel_forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx,
-                                                                      r.q_w, r.packed)
-  k_first = _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
-  q_slot = _heads(_summed_within_token(r.q_idx, r.q_w))
+                                                                      r.q_w, r.packed, distinct)
+  if distinct:  # every entry is its slot's first, and a slot's summed weight its entry's
+    k_first, q_slot = jnp.ones_like(k_w), _heads(r.q_w)
+  else:
+    k_first = _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
+    q_slot = _heads(_summed_within_token(r.q_idx, r.q_w))
   return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, _heads(d_o))
 
 
@@ -237,16 +241,19 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11))
-def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype,
+                         distinct):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed,
+                  distinct=distinct)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed)
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, distinct):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed,
+                  distinct)
 
 
-def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
+def _bwd(rows_dtype, rows_segments, table_dtype, distinct, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.packed), the
@@ -256,7 +263,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, residuals, cotangents):
   r = residuals
   B, T = r.v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
-  tokens = _backward_tokens(r, d_o)
+  tokens = _backward_tokens(r, d_o, distinct)
   forward_args = None  # the replay's: the backward's per-token arrays, with q_w
   if len(bounds) > 2:
     forward_args = (tokens.k_idx, tokens.k_w, tokens.k_slot, tokens.decay, tokens.beta, tokens.v, tokens.q_idx,
@@ -305,16 +312,20 @@ def _pad_entries(idx, w):
 
 
 def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
-                        table_dtype="float32", starts=None):
+                        table_dtype="float32", starts=None, distinct_slots=False):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
   but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
   rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in (the
   module docstring). starts: None or [B, T] bool, where packed documents start (each from m0; padding already
-  masked by the caller: `sparse_delta.sparse_delta_rule`)."""
+  masked by the caller: `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no token lists
+  a slot twice in k_idx, nor in q_idx: the per-slot weights are then the entries' own, with no sort (not where W or R
+  is padded, which repeats a slot)."""
   rows_dtype, table_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype)
   B, T, _, V = v.shape
+  widths = k_idx.shape[-1], q_idx.shape[-1]
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
   q_idx, q_w = _pad_entries(q_idx.astype(jnp.int32), q_w)
+  distinct = bool(distinct_slots) and widths == (k_idx.shape[-1], q_idx.shape[-1])
   Vp = next_pow2(V, MIN_DIM)
   if Vp != V:  # zero value columns stay zero
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
@@ -323,5 +334,5 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
   if packed is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
   o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments,
-                                  table_dtype)
+                                  table_dtype, distinct)
   return o[..., :V], final[..., :V].astype(jnp.float32)

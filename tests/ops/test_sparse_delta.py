@@ -2,6 +2,8 @@
 memory-lean backward) and the Pallas kernel (interpret mode) against the scan, chunk-size
 invariance, duplicates, and the input checks."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,6 +236,64 @@ def test_duplicate_slots_sum_their_weights(x64):
   o, table = _run(x, jnp.float32, impl="pallas")
   o_merged, table_merged = _run(merged, jnp.float32, impl="scan")
   assert _rel(o, o_merged) < 1e-5 and _rel(table, table_merged) < 1e-5
+
+
+def _distinct_slots(rng, shape, N):
+  """[..., W] slot indices distinct within each token: the first W of a random permutation of the N slots."""
+  return np.argsort(rng.uniform(size=(*shape[:-1], N)), axis=-1)[..., :shape[-1]]
+
+
+def _distinct_inputs(seed, **kw):
+  x = _inputs(seed, **kw)
+  rng = np.random.default_rng(seed)
+  N = x["m0"].shape[-2]
+  x["k_idx"], x["q_idx"] = _distinct_slots(rng, x["k_idx"].shape, N), _distinct_slots(rng, x["q_idx"].shape, N)
+  return x
+
+
+def _sorts_compiled(x, **kw):
+  """How often "sort" appears in the op's compiled gradient (the indices arguments, as in a model; the traced
+  distinct_slots check's sort is left out by the compiler when nothing checkifies it)."""
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  idx = {k: args.pop(k) for k in ("k_idx", "q_idx")}
+  loss = lambda floats, idx: jnp.sum(sparse_delta_rule(**floats, **idx, **kw)[0])
+  return len(re.findall(r"\bsort\b", jax.jit(jax.grad(loss)).lower(args, idx).compile().as_text()))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_pallas_distinct_slots_same_bits_no_sorts(packed):
+  """distinct_slots=True (no token lists a slot twice, as product-key addressing gives) changes no bit of the
+  outputs, the final table or any gradient, and the unpacked op's gradient then has no sort."""
+  x = _distinct_inputs(31, B=2, T=21, N=64, V=8, W=16, R=16)
+  kw = dict(impl="pallas")
+  if packed:  # two documents, then padding
+    kw["segment_ids"] = jnp.asarray(np.repeat([[1] * 8 + [2] * 9 + [0] * 4], 2, axis=0))
+  plain = _run(x, jnp.float32, **kw), _grads(x, jnp.float32, **kw)
+  distinct = _run(x, jnp.float32, distinct_slots=True, **kw), _grads(x, jnp.float32, distinct_slots=True, **kw)
+  for a, b in zip(plain[0], distinct[0]):
+    assert np.array_equal(a, b)
+  for name in FLOATS:
+    assert np.array_equal(plain[1][name], distinct[1][name]), name
+  if not packed:  # (a packed row sorts its indices once more, to code them)
+    assert _sorts_compiled(x, impl="pallas") > 0
+    assert _sorts_compiled(x, impl="pallas", distinct_slots=True) == 0
+
+
+def test_distinct_slots_checked():
+  x = _distinct_inputs(32, T=5, N=64, W=16, R=16)
+  _run(x, jnp.float32, distinct_slots=True)
+  x["q_idx"][1, 3, 0, 5] = x["q_idx"][1, 3, 0, 2]
+  with pytest.raises(ValueError, match=r"q_idx: distinct_slots=True .* \[1, 3, 0\]"):
+    _run(x, jnp.float32, distinct_slots=True)
+  with pytest.raises(ValueError, match="distinct_slots: expected True or False"):
+    _run(x, jnp.float32, distinct_slots=1)
+  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  checked = checkify.checkify(jax.jit(lambda a: sparse_delta_rule(**a, distinct_slots=True)[0]))
+  error, _ = checked(args)
+  assert error.get() is not None and "q_idx" in error.get()
+  args["q_idx"] = jnp.asarray(_distinct_slots(np.random.default_rng(0), x["q_idx"].shape, 64))
+  error, _ = checked(args)
+  assert error.get() is None
 
 
 def test_shared_m0_gradient_is_the_batch_sum(x64):
