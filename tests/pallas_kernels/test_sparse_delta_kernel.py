@@ -105,6 +105,33 @@ def test_value_tiles_give_the_same_result(block_v):
     assert jnp.array_equal(a, b)
 
 
+@pytest.mark.parametrize("block_v", [8, 32])
+def test_backward_value_tiles_give_the_same_result(block_v):
+  """The backward per value tile (each program with its own read stamps): the tables and d_v bit for bit, the
+  per-tile partial sums summed to the one tile's (interpret mode; N small, so slots repeat and read slots are written
+  at the same token)."""
+  import numpy as np
+  from sdm_jax.benchmarking.op_inputs import sdm_inputs
+  from sdm_jax.ops.sparse_pallas import _forward_args, _heads, _slot_groups, _summed_within_token
+  T, N, V, W = 24, 32, 64, 16
+  fl, it = sdm_inputs(1, T, 2, N, V, W, W, 2)
+  table = jnp.broadcast_to(fl["m0"], (1, 2, N, V))
+  k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w = _forward_args(it["k_idx"], fl["k_w"], fl["v"], fl["g"],
+                                                                 fl["beta"], it["q_idx"], fl["q_w"])
+  final, _, rows = sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, interpret=True)
+  k_first = _heads(_slot_groups(it["k_idx"])[1].astype(jnp.float32))
+  q_slot = _heads(_summed_within_token(it["q_idx"], fl["q_w"]))
+  rng = np.random.default_rng(3)
+  d_table = jnp.asarray(rng.standard_normal(table.shape), jnp.float32)
+  d_o = jnp.asarray(rng.standard_normal(v.shape), jnp.bfloat16)
+  base, tiled = (sparse_tokens_bwd(final, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows,
+                                   d_o, block_v=bv, interpret=True) for bv in (V, block_v))
+  for a, b in zip(base[:3], tiled[:3]):
+    assert jnp.array_equal(a, b)
+  for a, b in zip(base[3:], tiled[3:]):
+    np.testing.assert_allclose(jnp.sum(b, axis=2), jnp.sum(a, axis=2), rtol=1e-5, atol=1e-6)
+
+
 def test_rows_from_and_rows_dtype_select_the_saved_rows():
   """rows_from saves the rows of the later tokens only, rows_dtype rounds them; the table and o do not change."""
   from sdm_jax.benchmarking.op_inputs import sdm_inputs
