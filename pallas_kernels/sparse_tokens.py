@@ -255,6 +255,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
     d_written = d_table_ref[k_rows]
     read_here = jnp.where(read_at_ref[k_slots] == t, read_weight_ref[k_slots], 0.0)
+    found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, gathered with the rest
     if packed:
       d_m0_read, d_m0_found = stale_rows(d_m0_ref, q_rows, q_fresh), stale_rows(d_m0_ref, k_rows, k_fresh)
     barrier()  # every copy of a row is read before any is rewritten (a slot listed twice, or read and written)
@@ -268,7 +269,6 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     else:
       d_table_ref[q_rows] = d_read + d_read_o
     # 2. The write of token t, from the rows it found; dM at its slots with what the read just added there.
-    found = math_rows(found_raw, k_rows, k_fresh)
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
     decayed = decay * found
@@ -308,7 +308,7 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   read stamps in place of a second gather), which keeps more rows live: by an offline Triton 3.6 compile for sm_90
   the unpacked kernel needs 254 registers a thread at block_v 64 with 8 warps, one program a multiprocessor, 128
   programs in one wave, no spills (the default); the packed one spills there (496 bytes) and at block_v 32 with 4
-  warps, and takes 250 at block_v 32 with 8 (its default: no spills, two waves). Not yet timed; the version before
+  warps, and takes 243 at block_v 32 with 8 (its default: no spills, two waves). Not yet timed; the version before
   (two gathers a token) ran 47.4 ms at block_v 64 with 8 warps and 58.3 at 32 with 8, two waves of 176-register
   programs (H200, benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
 
