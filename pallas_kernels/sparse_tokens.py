@@ -306,9 +306,9 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
   Launch settings (None: the defaults below). Each token gathers every row it reads at once (one memory round trip,
   read stamps in place of a second gather), which keeps more rows live: by an offline Triton 3.6 compile for sm_90
-  the unpacked kernel needs 254 registers a thread at block_v 64 with 8 warps, one program a multiprocessor, 128
-  programs in one wave, no spills (the default); the packed one spills there (496 bytes) and at block_v 32 with 4
-  warps, and takes 243 at block_v 32 with 8 (its default: no spills, two waves). Not yet timed; the version before
+  (benchmarks/kernel_registers.py) the unpacked kernel needs 254 registers a thread at block_v 64 with 8 warps, one
+  program a multiprocessor, 128 programs in one wave, no spills (the default); the packed one spills there (576
+  bytes) and at block_v 32 with 4 warps, and takes 243 at block_v 32 with 8 (its default: no spills, two waves). Not yet timed; the version before
   (two gathers a token) ran 47.4 ms at block_v 64 with 8 warps and 58.3 at 32 with 8, two waves of 176-register
   programs (H200, benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
 

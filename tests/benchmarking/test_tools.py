@@ -183,13 +183,30 @@ def test_back_to_back_ms_syncs_once_after_the_warm_calls_and_rotates_the_sets():
   assert 10 <= ms < 1000, ms
 
 
-def test_ncu_target_runs_the_sdm_op_forward_and_backward(capsys):
-  """benchmarks/ncu_target.py, the Nsight Compute steps' target, at a small SDM shape (interpret mode here)."""
+def _benchmark_script(name):
+  """The module of benchmarks/<name>.py (a script, not a package module)."""
   import importlib.util
   import pathlib
-  path = pathlib.Path(__file__).parents[2] / "benchmarks" / "ncu_target.py"
-  spec = importlib.util.spec_from_file_location("ncu_target", path)
-  target = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(target)
+  spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).parents[2] / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_ncu_target_runs_the_sdm_op_forward_and_backward(capsys):
+  """benchmarks/ncu_target.py, the Nsight Compute steps' target, at a small SDM shape (interpret mode here)."""
+  target = _benchmark_script("ncu_target")
   target.main(["ncu_target.py", "sdm", "8", "512", "16"])
   assert "ncu target sdm: done" in capsys.readouterr().out
+
+
+def test_kernel_registers_dumps_the_token_kernels_triton_ir(tmp_path):
+  """benchmarks/kernel_registers.py's first step (its second needs a Triton install): the four token kernels'
+  Triton IR for an abstract H200, at a launch given on its command line."""
+  tool = _benchmark_script("kernel_registers")
+  tool.dump(str(tmp_path), "{'bwd': {'block_v': 32, 'num_warps': 4}}")
+  names = sorted(p.name for p in tmp_path.iterdir())
+  assert names == ["bwd.ttir", "bwd_packed.ttir", "fwd_nosave.ttir", "fwd_save.ttir"]
+  for name in names:
+    text = (tmp_path / name).read_text()
+    assert text.startswith("module @sparse_tokens_") and "tt.func" in text
