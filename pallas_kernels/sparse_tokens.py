@@ -72,9 +72,10 @@ def _coded_rows(at_rows, code, packed):
   return at_rows(slots), None if fresh is None else fresh[:, None]
 
 
-def _table_rows(ref, at, fresh):
-  """ref's rows at `at`; given fresh, only where the slot is fresh (0 elsewhere, not loaded)."""
-  return ref[at] if fresh is None else pltriton.load(ref.at[at], mask=fresh, other=0.0)
+def _table_rows(ref, at, mask):
+  """ref's rows at `at`; given a [.., 1] bool mask (fresh slots, or ~fresh: stale ones), only where it holds (0
+  elsewhere, not loaded)."""
+  return ref[at] if mask is None else pltriton.load(ref.at[at], mask=mask, other=0.0)
 
 
 def _math_rows(raw, m0_ref, at, fresh, dtype):
@@ -82,7 +83,7 @@ def _math_rows(raw, m0_ref, at, fresh, dtype):
   there, fp32 after a round trip through the table's dtype, as a table of that dtype would hold them)."""
   if fresh is None:
     return raw
-  m0_rows = pltriton.load(m0_ref.at[at], mask=~fresh, other=0.0).astype(dtype).astype(jnp.float32)
+  m0_rows = _table_rows(m0_ref, at, ~fresh).astype(dtype).astype(jnp.float32)
   return jnp.where(fresh, raw, m0_rows)
 
 
@@ -230,7 +231,6 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   at_rows, barrier = _tools(bv, interpret)
   rows_at = functools.partial(_coded_rows, at_rows, packed=packed)
   math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
-  stale_rows = lambda ref, at, fresh: pltriton.load(ref.at[at], mask=~fresh, other=0.0)
 
   inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
                 beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, d_o=d_o_ref)
@@ -257,7 +257,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     read_here = jnp.where(read_at_ref[k_slots] == t, read_weight_ref[k_slots], 0.0)
     found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, gathered with the rest
     if packed:
-      d_m0_read, d_m0_found = stale_rows(d_m0_ref, q_rows, q_fresh), stale_rows(d_m0_ref, k_rows, k_fresh)
+      d_m0_read, d_m0_found = _table_rows(d_m0_ref, q_rows, ~q_fresh), _table_rows(d_m0_ref, k_rows, ~k_fresh)
     barrier()  # every copy of a row is read before any is rewritten (a slot listed twice, or read and written)
     # 1. The read of token t, on M_t.
     d_o = x["d_o"].astype(f32)

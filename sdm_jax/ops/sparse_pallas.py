@@ -3,9 +3,10 @@
 The kernels move only the rows each token touches (W + R gathers and W writes per token and head, the
 byte floor of the update), with no per-chunk algebra: at the H200 bench shape the chunked form's
 coefficients and re-gathered rows cost more than the rows themselves (benchmarks/, 2026-11-30). Here XLA
-forms the per-token weights the kernels need (a slot's summed weight within its token, its first entry; a sort of
-each token's entries, skipped with distinct slots: the weights themselves and all first), and a custom_vjp saves the rows each token found before its write (T x W x V per head) for the backward
-kernel, which undoes the writes in reverse.
+forms the per-token weights the kernels need (a slot's summed weight within its token and its first entry, from a
+sort of each token's entries; with distinct slots, the entries' own weights, every entry first), and a custom_vjp
+saves the rows each token found before its write (T x W x V per head) for the backward kernel, which undoes the
+writes in reverse.
 
 Those rows are the op's training memory (17.2 GB fp32 at B 4, T 4096, H 2, W 128, V 1,024; the final table
 beside them 2.1 GB). Two options shrink them: rows_dtype="bfloat16" saves them rounded (the forward is
@@ -71,8 +72,11 @@ def _slot_groups(idx):
   return group, jnp.take_along_axis(lowest, group, axis=-1) == entry
 
 
-def _summed_within_token(idx, w):
-  """w [..., W] summed over the entries of the same token that list the same slot (exact fp32 sums)."""
+def _summed_within_token(idx, w, distinct=False):
+  """w [..., W] summed over the entries of the same token that list the same slot (exact fp32 sums); distinct (no
+  token lists a slot twice): w itself."""
+  if distinct:
+    return w
   W = idx.shape[-1]
   group, _ = _slot_groups(idx)
   flat = lambda x: x.reshape(-1, W)
@@ -90,8 +94,8 @@ def _tokens(x):  # [B, H, T, ...] -> [B, T, H, ...]
 
 def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, distinct=False):
   """sparse_tokens_fwd's per-token arguments (after the table), in its [B, H, T, ...] layout. distinct: no token
-  lists a slot twice (then a slot's summed weight is its entry's)."""
-  k_slot = k_w if distinct else _summed_within_token(k_idx, k_w)
+  lists a slot twice."""
+  k_slot = _summed_within_token(k_idx, k_w, distinct)
   return tuple(_heads(x) for x in (k_idx, k_w, k_slot, jnp.exp(g), beta, v, q_idx, q_w))
 
 
@@ -224,11 +228,9 @@ def _backward_tokens(residuals, d_o, distinct):
   r = residuals
   k_idx, k_w, k_slot, decay, beta, v, q_idx, _ = _kernel_forward_args(r.k_idx, r.k_w, r.v, r.g, r.beta, r.q_idx,
                                                                       r.q_w, r.packed, distinct)
-  if distinct:  # every entry is its slot's first, and a slot's summed weight its entry's
-    k_first, q_slot = jnp.ones_like(k_w), _heads(r.q_w)
-  else:
-    k_first = _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
-    q_slot = _heads(_summed_within_token(r.q_idx, r.q_w))
+  # Distinct slots: every entry is its slot's first.
+  k_first = jnp.ones_like(k_w) if distinct else _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
+  q_slot = _heads(_summed_within_token(r.q_idx, r.q_w, distinct))
   return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, _heads(d_o))
 
 

@@ -59,8 +59,13 @@ def _dense_reference(x, stored=lambda rows: rows):
   return o, tables
 
 
+def _arrays(x, dtype=jnp.float32):
+  """The inputs as jax arrays: indices as they are, the rest in dtype."""
+  return {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, dtype) for k, v in x.items()}
+
+
 def _run(x, dtype, **kw):
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, dtype) for k, v in x.items()}
+  args = _arrays(x, dtype)
   return sparse_delta_rule(**args, output_final_state=True, **kw)
 
 
@@ -181,8 +186,7 @@ def test_pallas_rows_options_shrink_what_is_saved():
   """What jax.vjp keeps: bf16 halves the saved rows, K segments keep the last segment's; nothing else grows (m0, the
   replay's start, is the argument itself)."""
   B, T, H, N, V, W = 1, 48, 2, 256, 32, 16
-  x = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32)
-       for k, v in _inputs(24, B=B, T=T, H=H, N=N, V=V, W=W, R=W).items()}
+  x = _arrays(_inputs(24, B=B, T=T, H=H, N=N, V=V, W=W, R=W))
 
   def saved_bytes(**kw):
     def residuals(floats, ints):
@@ -211,7 +215,7 @@ def test_segment_bounds():
 @pytest.mark.parametrize("impl", ["chunk", "pallas"])
 def test_bad_rows_options_raise(option, value, impl):
   x = _inputs(25, T=5)
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args = _arrays(x)
   with pytest.raises(ValueError, match=option):
     sparse_delta_rule(**args, impl=impl, **{option: value})
 
@@ -254,7 +258,7 @@ def _distinct_inputs(seed, **kw):
 def _sorts_compiled(x, **kw):
   """How often "sort" appears in the op's compiled gradient (the indices arguments, as in a model; the traced
   distinct_slots check's sort is left out by the compiler when nothing checkifies it)."""
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args = _arrays(x)
   idx = {k: args.pop(k) for k in ("k_idx", "q_idx")}
   loss = lambda floats, idx: jnp.sum(sparse_delta_rule(**floats, **idx, **kw)[0])
   return len(re.findall(r"\bsort\b", jax.jit(jax.grad(loss)).lower(args, idx).compile().as_text()))
@@ -296,7 +300,7 @@ def test_distinct_slots_checked():
     _run(x, jnp.float32, distinct_slots=True)
   with pytest.raises(ValueError, match="distinct_slots: expected True or False"):
     _run(x, jnp.float32, distinct_slots=1)
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args = _arrays(x)
   checked = checkify.checkify(jax.jit(lambda a: sparse_delta_rule(**a, distinct_slots=True)[0]))
   error, _ = checked(args)
   assert error.get() is not None and "q_idx" in error.get()
@@ -316,7 +320,7 @@ def test_shared_m0_gradient_is_the_batch_sum(x64):
 
 def test_bf16_values():
   x = _inputs(10, T=24)
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args = _arrays(x)
   args["v"] = args["v"].astype(jnp.bfloat16)
   o, table = sparse_delta_rule(**args, output_final_state=True)
   o_ref, _ = sparse_delta_rule(**{**args, "v": args["v"].astype(jnp.float32)}, impl="scan", output_final_state=True)
@@ -335,7 +339,7 @@ def test_out_of_range_indices_raise(name, value):
 def test_out_of_range_indices_reported_under_jit():
   x = _inputs(12, T=5)
   x["k_idx"][1, 0, 0, 1] = 99
-  args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, jnp.float32) for k, v in x.items()}
+  args = _arrays(x)
   checked = checkify.checkify(jax.jit(lambda a: sparse_delta_rule(**a)[0]))
   error, _ = checked(args)
   assert error.get() is not None and "k_idx" in error.get()
