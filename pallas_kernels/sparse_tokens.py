@@ -19,11 +19,7 @@ The backward walks the tokens in reverse with the table cotangent dM in place. P
      dd = sum_w kappa[w] dM_t[w], dv = beta dd, d_beta = <dd, v - r>, dr = -beta dd,
      d_kappa[w] = <dM_t[w], d> + <e P[w], dr>, dM[I_t] = e (dM_t + kappa_slot dr) (the cotangent of
      M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
-Each token gathers everything it reads at once, the table and dM at its read slots and dM at its write slots, in
-one memory round trip: dM at a write slot is thus gathered before the token's read adds to it, and the write step
-adds what the read added there from per-program read stamps (the token that last read each slot, and the read's
-summed weight), which the previous token writes. The scalar and per-entry cotangents are per value tile; the caller
-sums the tiles.
+The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
 Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
 [B, H, T]; v, d_o [.., V]; rows [.., W, V] (fp32 or, rounded, bf16: the undo then restores the rounded rows);
 table [B, H, N, V] fp32 or bf16 (then the rows saved in bf16 are exact, and so is the undo). W, R, V powers of two.
@@ -57,19 +53,12 @@ def _tools(bv, interpret):
   return at_rows, barrier
 
 
-def _decoded(code, packed):
-  """(slots, fresh) of a token's indices: packed (coded: ~slot where the token's run has not written the slot), the
-  slots and which of them its run has written; unpacked the indices and None."""
-  if not packed:
-    return code, None
-  return jnp.where(code < 0, ~code, code), code >= 0
-
-
 def _coded_rows(at_rows, code, packed):
-  """(at, fresh): the table rows at a token's slots and, packed, which of them its run has written, [.., 1] bool
-  (None unpacked): `_decoded` for rows."""
-  slots, fresh = _decoded(code, packed)
-  return at_rows(slots), None if fresh is None else fresh[:, None]
+  """(at, fresh): the table rows at a token's slots and, packed (coded indices: ~slot where the token's run has not
+  written the slot), which of them its run has written, [.., 1] bool (None unpacked)."""
+  if not packed:
+    return at_rows(code), None
+  return at_rows(jnp.where(code < 0, ~code, code)), (code >= 0)[:, None]
 
 
 def _table_rows(ref, at, mask):
@@ -222,58 +211,49 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   if packed:
     m0_ref, d_m0_in_ref, *refs = refs
     del d_m0_in_ref  # aliased with d_m0_ref
-  _, _, table_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref, *refs = refs  # (read stamps in:
-  # aliased with their outputs)
-  d_m0_ref = refs.pop(0) if packed else None
-  read_at_ref, read_weight_ref = refs
+  table_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref, *d_m0_ref = refs
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
   rows_at = functools.partial(_coded_rows, at_rows, packed=packed)
   math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
 
+  def add_cotangent(at, fresh, d_rows, delta):
+    """dM[at] = d_rows + delta (d_rows: dM there, read before the barrier); packed, dM0 takes the stale rows' part."""
+    if fresh is None:
+      d_table_ref[at] = d_rows + delta
+      return
+    d_m0_rows = _table_rows(d_m0_ref[0], at, ~fresh)
+    barrier()
+    pltriton.store(d_table_ref.at[at], d_rows + delta, mask=fresh)
+    pltriton.store(d_m0_ref[0].at[at], d_m0_rows + delta, mask=~fresh)
+
   inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
                 beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, d_o=d_o_ref)
   ahead = lambda t: _token_inputs(jnp.maximum(t, 0), **inputs)
 
-  def mark_read(x, t):
-    """Stamps the slots token t reads with t and their summed read weight (0 where packed and stale: that part of
-    the cotangent is dM0's), so that its write step, which gathers dM before the read adds to it, can add it."""
-    slots, fresh = _decoded(x["q_idx"], packed)
-    read_at_ref[slots] = jnp.full(slots.shape, t, jnp.int32)
-    read_weight_ref[slots] = x["q_slot"] if fresh is None else jnp.where(fresh, x["q_slot"], 0.0)
-
   def token(t, x):
-    """x: token t's inputs, loaded during token t + 1 (its read slots stamped then); returns token t - 1's."""
+    """x: token t's inputs, loaded during token t + 1; returns token t - 1's."""
     x_next = ahead(t - 1)  # issued first; used from the next token on
+    found_raw = rows_ref[t].astype(f32)  # loaded early: it depends on nothing the token writes
     k_rows, k_fresh = rows_at(x["k_idx"])
-    q_rows, q_fresh = rows_at(x["q_idx"])
-    k_slots = _decoded(x["k_idx"], packed)[0]
-    # One memory round trip: everything the token reads is gathered before it writes anything (on M_t and dM_t).
-    found_raw = rows_ref[t].astype(f32)
-    q_table = math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh)
-    d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
-    d_written = d_table_ref[k_rows]
-    read_here = jnp.where(read_at_ref[k_slots] == t, read_weight_ref[k_slots], 0.0)
-    found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, gathered with the rest
-    if packed:
-      d_m0_read, d_m0_found = _table_rows(d_m0_ref, q_rows, ~q_fresh), _table_rows(d_m0_ref, k_rows, ~k_fresh)
-    barrier()  # every copy of a row is read before any is rewritten (a slot listed twice, or read and written)
     # 1. The read of token t, on M_t.
+    q_rows, q_fresh = rows_at(x["q_idx"])
     d_o = x["d_o"].astype(f32)
-    d_q_w_ref[t, :] = jnp.sum(q_table * d_o, axis=1)
-    d_read_o = x["q_slot"][:, None] * d_o
-    if packed:
-      pltriton.store(d_table_ref.at[q_rows], d_read + d_read_o, mask=q_fresh)
-      pltriton.store(d_m0_ref.at[q_rows], d_m0_read + d_read_o, mask=~q_fresh)
-    else:
-      d_table_ref[q_rows] = d_read + d_read_o
-    # 2. The write of token t, from the rows it found; dM at its slots with what the read just added there.
+    d_q_w_ref[t, :] = jnp.sum(math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
+                              axis=1)
+    d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
+    if not packed:
+      barrier()
+    add_cotangent(q_rows, q_fresh, d_read, x["q_slot"][:, None] * d_o)
+    barrier()
+    # 2. The write of token t, from the rows it found (packed: m0's at stale slots, loaded with dM's rows).
+    d_written = d_table_ref[k_rows]
+    found = math_rows(found_raw, k_rows, k_fresh)
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
     decayed = decay * found
     v_r = x["v"].astype(f32) - jnp.sum(k_w * decayed, axis=0, keepdims=True)
-    d_written = d_written + read_here[:, None] * d_o
     dd = jnp.sum(k_w * d_written, axis=0, keepdims=True)
     dr = -beta * dd
     d_v_ref[pl.ds(t, 1), :] = beta * dd
@@ -281,36 +261,30 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
     d_found = decay * (d_written + x["k_slot"][:, None] * dr)
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
-    barrier()  # the read's dM rows land first: a slot both read and written keeps the write's
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
+      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
+      barrier()
       d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0)
-      pltriton.store(d_m0_ref.at[k_rows], d_m0_found + d_found, mask=~k_fresh)
+      pltriton.store(d_m0_ref[0].at[k_rows], d_m0_found + d_found, mask=~k_fresh)
     else:
+      barrier()
       d_table_ref[k_rows] = d_found
     table_ref[k_rows] = found_raw.astype(table_ref.dtype)
-    mark_read(x_next, t - 1)
     barrier()
     return x_next
 
-  x = ahead(T - 1)
-  mark_read(x, T - 1)
-  barrier()
-  jax.lax.fori_loop(0, T, lambda i, x: token(T - 1 - i, x), x)
+  jax.lax.fori_loop(0, T, lambda i, x: token(T - 1 - i, x), ahead(T - 1))
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
-                      m0=None, d_m0=None, block_v=None, num_warps=None, num_stages=1, interpret=False):
+                      m0=None, d_m0=None, block_v=64, num_warps=8, num_stages=1, interpret=False):
   """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
-  Launch settings (None: the defaults below). Each token gathers every row it reads at once (one memory round trip,
-  read stamps in place of a second gather), which keeps more rows live: by an offline Triton 3.6 compile for sm_90
-  (benchmarks/kernel_registers.py) the unpacked kernel needs 254 registers a thread at block_v 64 with 8 warps, one
-  program a multiprocessor, 128 programs in one wave, no spills (the default); the packed one spills there (576
-  bytes) and at block_v 32 with 4 warps, and takes 243 at block_v 32 with 8 (its default: no spills, two waves). Not yet timed; the version before
-  (two gathers a token) ran 47.4 ms at block_v 64 with 8 warps and 58.3 at 32 with 8, two waves of 176-register
-  programs (H200, benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
+  Launch settings: one wave of programs. At the H200 bench shape block_v 32 with 8 warps needs 176 registers a
+  thread, so one program a multiprocessor and two waves of 256 programs (58.3 ms, Nsight Compute); block_v 64 with 8
+  warps runs 128 programs in one (47.4 ms; 32 with 4 warps 50.9; benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
 
   Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
   [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
@@ -319,14 +293,13 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
-  packed = m0 is not None
-  if packed != (d_m0 is not None):
-    raise ValueError("m0 and d_m0: expected both (packed documents) or neither")
-  block_v = min(block_v or (32 if packed else 64), V)
-  num_warps = num_warps or 8
+  block_v = min(block_v, V)
   nv = V // block_v
   per_head, tile, per_tile = _specs(block_v)
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  packed = m0 is not None
+  if packed != (d_m0 is not None):
+    raise ValueError("m0 and d_m0: expected both (packed documents) or neither")
   out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W),
                f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
   out_specs = [tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
@@ -340,12 +313,6 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
     out_specs.append(tile(N))
     aliases[14] = 7
     documents = (m0, d_m0)
-  # Each program's read stamps (`_bwd_kernel`): the token that last read each slot (-1: none yet) and its weight.
-  stamps = (jnp.full((B, H, nv, N), -1, jnp.int32), jnp.zeros((B, H, nv, N), jnp.float32))
-  aliases.update({len(in_specs): len(out_shape), len(in_specs) + 1: len(out_shape) + 1})
-  in_specs += [per_tile(N)] * 2
-  out_shape += [jax.ShapeDtypeStruct((B, H, nv, N), jnp.int32), f32(B, H, nv, N)]
-  out_specs += [per_tile(N)] * 2
   return pl.pallas_call(
       functools.partial(_bwd_kernel, packed=packed, interpret=interpret),
       out_shape=tuple(out_shape),
@@ -356,5 +323,4 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_tokens_bwd",
-  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, table, d_table, *documents,
-    *stamps)[:-2]
+  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, table, d_table, *documents)

@@ -107,7 +107,7 @@ def test_value_tiles_give_the_same_result(block_v):
 
 @pytest.mark.parametrize("block_v", [8, 32])
 def test_backward_value_tiles_give_the_same_result(block_v):
-  """The backward per value tile (each program with its own read stamps): the tables and d_v bit for bit, the
+  """The backward per value tile: the tables and d_v bit for bit, the
   per-tile partial sums summed to the one tile's (interpret mode; N small, so slots repeat and read slots are written
   at the same token)."""
   import numpy as np
