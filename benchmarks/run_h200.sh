@@ -27,6 +27,8 @@
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
+#   sdm_train   train: the SDM hybrid (fp32 and bf16 table) against the dense GDN model of its width and depth
+#   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with an fp32 and a bf16 table
 #   mqar        the default MQAR trained with every dense mixer
 #   mqar_small  a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
 set -u
@@ -123,6 +125,22 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 500 decode h200_decode ;;
     train)  # one entry and its peer per call: each process compiles for a minute, fla autotunes for minutes
       bench 560 train h200_train_kda --set=configs=experiments/configs/paper.py:kda_ref --set=peers=kda ;;
+    sdm_train)
+      bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
+        --set=peers=
+      bench 200 train h200_train_sdm_bf16table --set=configs=experiments/configs/paper.py:sdm_ref \
+        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers= ;;
+    sdm_table)  # the same run, seed and batches with each table dtype: the bf16 table's cost in loss
+      workdirs=()
+      for dt in float32 bfloat16; do
+        workdirs+=("$RES/sdm_table_$dt")
+        run 230 python3 -m experiments.train --config=experiments/configs/paper.py:sdm_ref,data/stdlib32k \
+          --workdir="$RES/sdm_table_$dt" --config.model.sdm_table_dtype=$dt --config.train.steps=${SDM_TABLE_STEPS:-400} \
+          --config.train.warmup_steps=100 --config.train.eval_every=100 --config.train.checkpoint_every=100000 \
+          --config.train.log_every=10
+      done
+      run 30 python3 -m experiments.summarize_runs --workdirs="$(IFS=,; echo "${workdirs[*]}")" \
+        --out="$RES/sdm_table_summary" ;;
     mqar)
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;

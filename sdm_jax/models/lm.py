@@ -7,24 +7,30 @@ from flax import nnx
 
 from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
 from sdm_jax.models.generate import generate
+from sdm_jax.ops.product_key import SLOTS_NAME
 from sdm_jax.ops.segments import document_positions
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+_saves_slots = jax.checkpoint_policies.save_only_these_names(SLOTS_NAME)
+
+
 def _dots_and_kernel_outputs(prim, *args, **params):
   # The matmuls' outputs and what the Pallas kernels write: a mixer's output and what its custom_vjp keeps
   # for the backward (0.68 GiB per KDA layer at B x T = 4 x 4096), which "dots" would form again by running
-  # the op's forward in the backward.
-  return prim.name == "pallas_call" or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+  # the op's forward in the backward. Also the slots product-key addressing selects (33.6 MB per SDM layer and
+  # query at the reference shape), which the backward would otherwise select again with XLA's top-k sorts.
+  return (prim.name == "pallas_call" or _saves_slots(prim, *args, **params)
+          or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params))
 
 
 # What each block keeps for its backward (jax.checkpoint policies; none of them changes the result):
 # "none" keeps everything, "block" only the block's input (the backward runs the block again), "dots" the
 # outputs of the matmuls without batch dimensions (the projections and the MLP) and recomputes the rest,
-# the mixer ops included, "dots_kernels" those and what the Pallas kernels write (the mixer ops do not run
-# again). Measured at the reference shape: benchmarks/train/.
+# the mixer ops included, "dots_kernels" those, what the Pallas kernels write (the mixer ops do not run
+# again) and the SDM layers' slots. Measured at the reference shape: benchmarks/train/.
 REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "dots_kernels": _dots_and_kernel_outputs}

@@ -7,6 +7,7 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from pallas_kernels import product_key as product_key_kernel
 from sdm_jax.ops.validation import check_float, check_shape, on_gpu, resolve_impl
@@ -93,6 +94,7 @@ def product_key_topk(s1, s2, k):
 
 
 ADDRESS_IMPLS = ("xla", "pallas")
+SLOTS_NAME = "product_key_slots"  # the checkpoint name of the slots product_key_address selects
 
 
 def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
@@ -123,9 +125,22 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
     if dtype == jnp.float64:
       raise ValueError(f"x1: impl='pallas' supports float32, bfloat16 and float16 (with c1), got {x1.dtype} "
                        f"and {c1.dtype}")
-    return _address_pallas(*(x.astype(dtype) for x in (x1, x2, c1, c2)), k)
-  scores, idx = product_key_topk(_subkey_scores(x1, c1), _subkey_scores(x2, c2), k)
-  return idx, jax.nn.softmax(scores, axis=-1)
+    B, T, H, D = x1.shape
+    flat = lambda x: jax.lax.stop_gradient(x.astype(dtype).reshape(B * T, H, D))
+    idx = product_key_kernel.product_key_address(
+        flat(x1), flat(x2), *(jax.lax.stop_gradient(c.astype(dtype)) for c in (c1, c2)), k,
+        rank_pairs(k, c1.shape[1]), interpret=not on_gpu())[0].reshape(B, T, H, k)
+    s1, s2 = _subkey_scores(x1.astype(dtype), c1.astype(dtype)), _subkey_scores(x2.astype(dtype), c2.astype(dtype))
+  else:
+    s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
+    idx = product_key_topk(jax.lax.stop_gradient(s1), jax.lax.stop_gradient(s2), k)[1]
+  # Named so that a remat policy can keep the slots (`models.lm`): the backward then needs no top-k (its sorts).
+  idx = checkpoint_name(jax.lax.stop_gradient(idx), SLOTS_NAME)
+  # The weights from the selected scores, gathered again: their gradient is a scatter into the n sub-key scores
+  # (memory [B, T, H, n]), with no top-k in the backward.
+  a, b = jnp.divmod(idx, c1.shape[1])
+  selected = jnp.take_along_axis(s1, a, axis=-1) + jnp.take_along_axis(s2, b, axis=-1)
+  return idx, jax.nn.softmax(selected, axis=-1)
 
 
 def _subkey_scores(x, c):
@@ -133,35 +148,3 @@ def _subkey_scores(x, c):
   dtype = jnp.promote_types(x.dtype, c.dtype)
   return jnp.einsum("bthd,hnd->bthn", x.astype(dtype), c.astype(dtype), precision=jax.lax.Precision.HIGHEST,
                     preferred_element_type=jnp.promote_types(dtype, jnp.float32))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _address_pallas(x1, x2, c1, c2, k):
-  B, T, H, D = x1.shape
-  idx, weights, _ = product_key_kernel.product_key_address(
-      x1.reshape(B * T, H, D), x2.reshape(B * T, H, D), c1, c2, k, rank_pairs(k, c1.shape[1]),
-      interpret=not on_gpu())
-  return idx.reshape(B, T, H, k), weights.reshape(B, T, H, k)
-
-
-def _address_pallas_fwd(x1, x2, c1, c2, k):
-  idx, weights = _address_pallas(x1, x2, c1, c2, k)
-  return (idx, weights), (x1, x2, c1, c2, idx)
-
-
-def _address_pallas_bwd(k, residuals, cotangents):
-  # The selected scores recomputed from idx, and the softmax's backward through them. Gathering the
-  # n sub-key scores (not the k * D sub-key rows) keeps the memory at [B, T, H, n], as for impl="xla".
-  x1, x2, c1, c2, idx = residuals
-  a, b = jnp.divmod(idx, c1.shape[1])
-
-  def weights(x1, x2, c1, c2):
-    selected = (jnp.take_along_axis(_subkey_scores(x1, c1), a, axis=-1)
-                + jnp.take_along_axis(_subkey_scores(x2, c2), b, axis=-1))
-    return jax.nn.softmax(selected, axis=-1)
-
-  _, vjp = jax.vjp(weights, x1, x2, c1, c2)
-  return vjp(cotangents[1])
-
-
-_address_pallas.defvjp(_address_pallas_fwd, _address_pallas_bwd)

@@ -110,3 +110,28 @@ def test_dots_kernels_keeps_the_pallas_results_and_gives_the_plain_gradients():
   assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
   for name, ref in ref_grads.items():
     assert rel(grads[name], ref) < 1e-5, name
+
+
+def _top_k_count(model, b):
+  graphdef, state = nnx.split(model)
+  grad = jax.grad(lambda s: loss_fn(nnx.merge(graphdef, s), b)[0])
+  return str(jax.make_jaxpr(grad)(state)).count("top_k[")
+
+
+def test_dots_kernels_keeps_the_sdm_slots():
+  """The SDM layer's backward under "dots_kernels" selects no slots again: as many top-k as without remat (its
+  forward's), where "dots" runs them again."""
+  b = batch(5)
+  counts = {remat: _top_k_count(small_model(remat, pattern="M"), b) for remat in ("none", "dots_kernels", "dots")}
+  assert counts["none"] > 0
+  assert counts["dots_kernels"] == counts["none"]
+  assert counts["dots"] == 2 * counts["none"]
+
+
+def test_remat_policies_on_the_sdm_layer():
+  model_none, b = small_model("none", pattern="M"), batch(6)
+  ref_loss, _, ref_grads = grads_of(loss_fn, model_none, b)
+  loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern="M"), b)
+  assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
+  for name, ref in ref_grads.items():
+    assert rel(grads[name], ref) < 1e-5, name
