@@ -107,7 +107,8 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
   accumulated in float32. Ties follow product_key_topk.
   impl: "auto" (the default: "pallas" on a GPU, else "xla"), "xla" (einsum + product_key_topk) or
   "pallas" (the fused kernel; interpret mode off the GPU). Both give the same idx for the same scores
-  and the same gradients: weights are differentiable in x1, x2, c1 and c2, idx carries none.
+  and the same gradients: weights are differentiable in x1, x2, c1 and c2, idx carries none. idx is named
+  SLOTS_NAME for remat policies (`jax.checkpoint_policies.save_only_these_names`).
   """
   dims = {}
   check_shape("x1", x1, ("B", "T", "H", "D"), dims)
