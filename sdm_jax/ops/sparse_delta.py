@@ -99,7 +99,8 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or saved for
   the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
   table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
-  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
+  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic). These
+  three raise ValueError with impl="scan" or "chunk"; impl="auto" off a GPU runs "chunk" without them (fp32).
   segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): equal nonzero ids in a run are
   one document, 0 is padding (after a row's last document). Each document starts from m0 (the row's, when m0 is
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
@@ -113,8 +114,12 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   and the table unchanged. Out-of-range indices raise ValueError where the index arrays are concrete (also arrays
   a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
-  impl = check_options(impl, chunk_size)
-  check_rows_options(rows_dtype, rows_segments, table_dtype)
+  requested, impl = impl, check_options(impl, chunk_size)
+  rows_options = check_rows_options(rows_dtype, rows_segments, table_dtype), rows_segments
+  if requested in ("scan", "chunk") and rows_options != (("float32", "float32"), 1):
+    raise ValueError(f"rows_dtype, rows_segments, table_dtype: options of impl='pallas' (or 'auto', which picks "
+                     f"'pallas' on a GPU), got impl={requested!r} with rows_dtype={rows_dtype!r}, "
+                     f"rows_segments={rows_segments!r}, table_dtype={table_dtype!r}")
   if not isinstance(distinct_slots, bool):
     raise ValueError(f"distinct_slots: expected True or False, got {distinct_slots!r}")
   dims = {}

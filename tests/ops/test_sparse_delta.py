@@ -220,6 +220,14 @@ def test_bad_rows_options_raise(option, value, impl):
     sparse_delta_rule(**args, impl=impl, **{option: value})
 
 
+@pytest.mark.parametrize("option,value", [("rows_dtype", "bfloat16"), ("rows_segments", 2), ("table_dtype", "bfloat16")])
+@pytest.mark.parametrize("impl", ["scan", "chunk"])
+def test_pallas_options_are_refused_by_the_other_impls(option, value, impl):
+  args = _arrays(_inputs(26, T=5))
+  with pytest.raises(ValueError, match="options of impl='pallas'"):
+    sparse_delta_rule(**args, impl=impl, **{option: value})
+
+
 def test_chunk_size_invariance(x64):
   x = _inputs(7, T=48)
   outs = [_run(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]
