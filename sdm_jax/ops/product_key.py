@@ -126,17 +126,18 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
     if dtype == jnp.float64:
       raise ValueError(f"x1: impl='pallas' supports float32, bfloat16 and float16 (with c1), got {x1.dtype} "
                        f"and {c1.dtype}")
+    x1, x2, c1, c2 = (x.astype(dtype) for x in (x1, x2, c1, c2))
     B, T, H, D = x1.shape
-    flat = lambda x: jax.lax.stop_gradient(x.astype(dtype).reshape(B * T, H, D))
+    flat = lambda x: jax.lax.stop_gradient(x.reshape(B * T, H, D))
     idx = product_key_kernel.product_key_address(
-        flat(x1), flat(x2), *(jax.lax.stop_gradient(c.astype(dtype)) for c in (c1, c2)), k,
-        rank_pairs(k, c1.shape[1]), interpret=not on_gpu())[0].reshape(B, T, H, k)
-    s1, s2 = _subkey_scores(x1.astype(dtype), c1.astype(dtype)), _subkey_scores(x2.astype(dtype), c2.astype(dtype))
+        flat(x1), flat(x2), jax.lax.stop_gradient(c1), jax.lax.stop_gradient(c2), k, rank_pairs(k, c1.shape[1]),
+        interpret=not on_gpu())[0].reshape(B, T, H, k)
+    s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
   else:
     s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
     idx = product_key_topk(jax.lax.stop_gradient(s1), jax.lax.stop_gradient(s2), k)[1]
   # Named so that a remat policy can keep the slots (`models.lm`): the backward then needs no top-k (its sorts).
-  idx = checkpoint_name(jax.lax.stop_gradient(idx), SLOTS_NAME)
+  idx = checkpoint_name(idx, SLOTS_NAME)
   # The weights from the selected scores, gathered again: their gradient is a scatter into the n sub-key scores
   # (memory [B, T, H, n]), with no top-k in the backward.
   a, b = jnp.divmod(idx, c1.shape[1])

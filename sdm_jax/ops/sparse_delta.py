@@ -115,8 +115,8 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
   requested, impl = impl, check_options(impl, chunk_size)
-  rows_options = check_rows_options(rows_dtype, rows_segments, table_dtype), rows_segments
-  if requested in ("scan", "chunk") and rows_options != (("float32", "float32"), 1):
+  pallas_defaults = check_rows_options(rows_dtype, rows_segments, table_dtype) == ("float32", "float32")
+  if requested in ("scan", "chunk") and not (pallas_defaults and rows_segments == 1):
     raise ValueError(f"rows_dtype, rows_segments, table_dtype: options of impl='pallas' (or 'auto', which picks "
                      f"'pallas' on a GPU), got impl={requested!r} with rows_dtype={rows_dtype!r}, "
                      f"rows_segments={rows_segments!r}, table_dtype={table_dtype!r}")

@@ -101,12 +101,13 @@ def test_unknown_remat_policy_is_refused():
     small_model("everything")
 
 
-def test_dots_kernels_keeps_the_pallas_results_and_gives_the_plain_gradients():
+@pytest.mark.parametrize("pattern", ["D", "M"])
+def test_dots_kernels_keeps_the_pallas_results_and_gives_the_plain_gradients(pattern):
   # On the CPU impl="auto" is "chunk" and no Pallas kernel runs; here the kernels run in interpret mode, so the
-  # policy's pallas_call branch is what is exercised.
+  # policy's pallas_call branch is what is exercised (and, for the SDM layer "M", its kept slots).
   b = batch(5)
-  ref_loss, _, ref_grads = grads_of(loss_fn, small_model("none", pattern="D", impl="pallas"), b)
-  loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern="D", impl="pallas"), b)
+  ref_loss, _, ref_grads = grads_of(loss_fn, small_model("none", pattern=pattern, impl="pallas"), b)
+  loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern=pattern, impl="pallas"), b)
   assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
   for name, ref in ref_grads.items():
     assert rel(grads[name], ref) < 1e-5, name
@@ -126,12 +127,3 @@ def test_dots_kernels_keeps_the_sdm_slots():
   assert counts["none"] > 0
   assert counts["dots_kernels"] == counts["none"]
   assert counts["dots"] == 2 * counts["none"]
-
-
-def test_remat_policies_on_the_sdm_layer():
-  model_none, b = small_model("none", pattern="M"), batch(6)
-  ref_loss, _, ref_grads = grads_of(loss_fn, model_none, b)
-  loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern="M"), b)
-  assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
-  for name, ref in ref_grads.items():
-    assert rel(grads[name], ref) < 1e-5, name
