@@ -12,7 +12,8 @@ variants; values parsed as --config.<field> parses them. --eval_grid: data field
 again with (length extrapolation). Each run is a process of its own (a crash costs only that run; see
 sdm_jax/training/sweep.py); a finished run is skipped and an interrupted one resumes, so the same command
 continues a sweep. Then <workdir>/summary.{json,md} and summary_<axis>.png (see sdm_jax/training/sweep_summary.py).
---summarize_only merges the runs of several workdirs (comma-separated) into --out. --shard=i/n runs every n-th planned
+--summarize_only merges the runs of several workdirs (comma-separated) into --out; an earlier summary's .json among
+them brings the runs it recorded. --shard=i/n runs every n-th planned
 run from the i-th: n such processes (e.g. small models sharing one GPU) split one sweep between them.
 """
 
@@ -30,7 +31,7 @@ flags.DEFINE_integer("seeds", 1, "Replicates per grid point (seeds first_seed ..
 flags.DEFINE_integer("first_seed", 0, "The first replicate's number (split a point's seeds over calls).",
                      lower_bound=0)
 flags.DEFINE_string("workdir", None, "The sweep's directory; with --summarize_only, comma-separated sweep "
-                    "directories to merge.", required=True)
+                    "directories (or earlier summaries' .json) to merge.", required=True)
 flags.DEFINE_integer("eval_batches", None, "Batches per evaluation (default: the config's train.eval_batches).",
                      lower_bound=1)
 flags.DEFINE_boolean("summarize_only", False, "Train nothing: summarize the finished runs under --workdir.")

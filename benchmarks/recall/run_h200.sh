@@ -13,7 +13,8 @@
 #                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
 #        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
 #                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
-#                 runs/recall/$NIAH_DIR (default niah)
+#                 runs/recall/$NIAH_DIR (default niah); NIAH_VARIANTS='v1|v2|...' (recall.py's variants) replaces the
+#                 tasks x mixers list (the missing seeds of some rows)
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 # MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
@@ -76,7 +77,7 @@ for step in ${*:-default}; do
       for task in ${NIAH_TASKS:-s_niah_1 mk_niah_1}; do
         niah_variants+=("$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants "$task" 128)")
       done
-      niah_variants="$(IFS='|'; echo "${niah_variants[*]}")"
+      niah_variants="${NIAH_VARIANTS:-$(IFS='|'; echo "${niah_variants[*]}")}"
       sweep 530 "${NIAH_DIR:-niah}" --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
         --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \

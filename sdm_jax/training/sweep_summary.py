@@ -3,7 +3,9 @@ seeds and its 95 % t-interval, the model's parameters, FLOPs per token and recur
 table and plots of accuracy against each swept axis, one line per mixer.
 
 Several sweep workdirs merge into one summary (a grid split over several calls): runs are found by their
-point.json, and the runs of one point from every workdir are pooled (a seed found twice counts once).
+point.json, and the runs of one point from every workdir are pooled (a seed found twice counts once). An earlier
+summary's .json in the list stands for the runs it recorded (their run directories may be gone, e.g. runs made on a
+device machine), so new seeds join old ones without the old runs' files.
 """
 
 import json
@@ -64,11 +66,33 @@ def _key(point):
   return json.dumps(point, sort_keys=True, default=sweep._jsonable)
 
 
+def recorded_runs(path):
+  """The rows of an earlier summary's .json, grouped by run: {(point key, seed): [rows]}."""
+  try:
+    payload = json.loads(pathlib.Path(path).read_text())
+    rows = payload["runs"]
+    runs = {}
+    for row in rows:
+      runs.setdefault((_key(row["point"]), row["seed"]), []).append(row)
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise ValueError(f"workdirs: {str(path)!r} is not a sweep summary's .json (with its 'runs'): {error}") from None
+  return runs
+
+
 def collect(workdirs, log=print):
   """One row per (run, evaluation): the run's point, seed, evaluation point ({} for the training config), metrics,
-  label and model numbers. Runs without a final evaluation are left out (and counted in the log)."""
+  label and model numbers. Runs without a final evaluation are left out (and counted in the log). A workdir that is
+  a summary's .json contributes the rows it recorded."""
   rows, seen, unfinished = [], set(), []
   numbers_cache = {}
+  for summary in [w for w in workdirs if str(w).endswith(".json")]:
+    for identity, run_rows in recorded_runs(summary).items():
+      if identity in seen:
+        log(f"warning: {summary}: {run_rows[0]['run']}: point and seed already found earlier; this copy is left out")
+        continue
+      seen.add(identity)
+      rows += run_rows
+  workdirs = [w for w in workdirs if not str(w).endswith(".json")]
   for run_dir in find_runs(workdirs):
     spec = json.loads((run_dir / sweep.POINT).read_text())
     config = json.loads((run_dir / sweep.RUN_CONFIG).read_text())

@@ -2,6 +2,7 @@
 and files."""
 
 import json
+import shutil
 import math
 import re
 
@@ -196,6 +197,21 @@ def test_summary_merges_workdirs_and_writes_table_json_and_plots(demo, tmp_path)
   assert "| gdn | gdn | 32 | 32 | 32 |" in table and "0.5667 ± 0.2868 | 0.500 (0), 0.500 (1), 0.700 (2) |" in table
   stored = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert len(stored["runs"]) == 4 * 3 * 3
+  # An earlier summary's .json stands for its runs once their directories are gone: the same points come back.
+  sweep_summary.summarize([tmp_path / "a"], tmp_path / "a_summary", log=lines.append)
+  shutil.rmtree(tmp_path / "a")
+  merged = sweep_summary.summarize([tmp_path / "a_summary.json", tmp_path / "b"], tmp_path / "merged", log=lines.append)
+  assert _by_key(merged) == _by_key(points)
+  # A run found twice counts once; a file that is not a summary is a clear error.
+  again = sweep_summary.summarize([tmp_path / "merged.json", tmp_path / "b"], tmp_path / "again", log=lines.append)
+  assert _by_key(again) == _by_key(points) and any("already found" in line for line in lines)
+  (tmp_path / "bad.json").write_text("[1, 2]")
+  with pytest.raises(ValueError, match="not a sweep summary"):
+    sweep_summary.summarize([tmp_path / "bad.json"], tmp_path / "bad", log=lines.append)
+
+
+def _by_key(points):
+  return {json.dumps([p["point"], p["eval_point"]], sort_keys=True): (p["seeds"], p["accuracy"]) for p in points}
 
 
 def test_mixer_labels():
