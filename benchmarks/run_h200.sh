@@ -27,7 +27,7 @@
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
-#   sdm_train   train: the SDM hybrid (fp32 table; bf16 table; bf16 table and saved rows) against the dense GDN model of its width and depth
+#   sdm_train   train: the SDM hybrid (fp32 and bf16 table) against the dense GDN model of its width and depth
 #   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with an fp32 and a bf16 table
 #   mqar        the default MQAR trained with every dense mixer
 #   mqar_small  a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
@@ -129,9 +129,7 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=
       bench 200 train h200_train_sdm_bf16table --set=configs=experiments/configs/paper.py:sdm_ref \
-        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers=
-      bench 200 train h200_train_sdm_bf16table_rows --set=configs=experiments/configs/paper.py:sdm_ref \
-        --set=overrides=model.sdm_table_dtype=bfloat16,model.sdm_rows_dtype=bfloat16 --set=peers= ;;
+        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers= ;;
     sdm_table)  # the same run, seed and batches with each table dtype: the bf16 table's cost in loss
       workdirs=()
       for dt in float32 bfloat16; do
