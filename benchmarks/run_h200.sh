@@ -24,6 +24,7 @@
 #   sdm_tests   the SDM tests (packed included) on the GPU, the token kernels compiled by Triton
 #   sdm_kernels sdm: the SDM pallas op kernel by kernel (CUPTI breakdown)
 #   sdm_memory  sdm_memory: the SDM op's options (saved rows, table dtype): memory, time, accuracy
+#   sdm_launch  sdm_memory: the SDM op's forward+backward over the token kernels' launch settings, fp32 and bf16 table
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
@@ -119,6 +120,14 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 200 sdm h200_sdm_kernels --impls=pallas --set=breakdown=true ;;
     sdm_memory)
       bench 400 sdm_memory h200_sdm_memory ;;
+    sdm_launch)  # the token kernels' launch (forward/backward block_v x num_warps) with each table dtype
+      entries=()
+      for table in float32 bfloat16; do
+        for launch in 64x8/64x8 64x4/64x4 64x16/64x16 32x4/32x4 32x8/32x8 128x8/128x8 128x16/128x16 16x4/16x4; do
+          entries+=("pallas:float32:1:$table@$launch")
+        done
+      done
+      bench 560 sdm_memory h200_sdm_launch --set=entries="$(IFS=,; echo "${entries[*]}")" ;;
     packed)
       bench 400 packed h200_packed --set=chunk_sizes=32 --set=breakdown=true ;;
     decode)

@@ -39,11 +39,35 @@ caller puts m0 there).
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
+
+
+class Launch(NamedTuple):
+  """A token kernel's launch: block_v value columns per program (a power of two >= 16, capped at V) and num_warps
+  per program (a power of two <= 32). The grid is (B, H, V / block_v): one program per (batch, head, value tile)."""
+  block_v: int = 64
+  num_warps: int = 8
+
+
+DEFAULT_LAUNCH = Launch()
+
+
+def check_launch(name, launch):
+  """launch, (block_v, num_warps), as a Launch (None: DEFAULT_LAUNCH), or ValueError naming it."""
+  if launch is None:
+    return DEFAULT_LAUNCH
+  power_of_two = lambda n, lo, hi: (isinstance(n, int) and not isinstance(n, bool) and lo <= n <= hi
+                                    and n & (n - 1) == 0)
+  if (not isinstance(launch, (tuple, list)) or len(launch) != 2 or not power_of_two(launch[0], 16, 1 << 16)
+      or not power_of_two(launch[1], 1, 32)):
+    raise ValueError(f"{name}: expected (block_v, num_warps) with block_v a power of two >= 16 and num_warps a "
+                     f"power of two <= 32, got {launch!r}")
+  return Launch(*launch)
 
 
 def _tools(bv, interpret):
@@ -164,7 +188,8 @@ def _m0_spec(m0, block_v):
 @functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
                                              "num_stages", "interpret"))
 def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True,
-                      rows_dtype=jnp.float32, rows_from=0, block_v=64, num_warps=8, num_stages=1, interpret=False):
+                      rows_dtype=jnp.float32, rows_from=0, block_v=DEFAULT_LAUNCH.block_v,
+                      num_warps=DEFAULT_LAUNCH.num_warps, num_stages=1, interpret=False):
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
@@ -278,7 +303,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
-                      m0=None, d_m0=None, block_v=64, num_warps=8, num_stages=1, interpret=False):
+                      m0=None, d_m0=None, block_v=DEFAULT_LAUNCH.block_v, num_warps=DEFAULT_LAUNCH.num_warps,
+                      num_stages=1, interpret=False):
   """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).

@@ -123,7 +123,8 @@ class SdmMemorySettings:
   entries: tuple[str, ...] = _setting(
       ("pallas", "pallas:bfloat16:1", "pallas:float32:1:bfloat16", "pallas:float32:2", "pallas:bfloat16:2",
        "pallas:float32:4", "pallas:bfloat16:4"),
-      "impl[:rows_dtype:rows_segments[:table_dtype]] of sparse_delta_rule (scan, chunk or pallas; options: pallas)")
+      "impl[:rows_dtype:rows_segments[:table_dtype]][@BVxWARPS/BVxWARPS] of sparse_delta_rule (scan, chunk or "
+      "pallas; options and the token kernels' launch, forward/backward: pallas)")
   shape: str = _setting("4x4096", "B x T")
   heads: int = _setting(2, "H")
   num_slots: int = _setting(65536, "N, slots per head")

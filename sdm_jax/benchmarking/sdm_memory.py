@@ -2,9 +2,11 @@
 its backward keeps and what XLA's compiled forward+backward needs, and on the device its time, the peak and how
 far each option's results are from the first entry's.
 
-An entry is "impl[:rows_dtype:rows_segments[:table_dtype]]": "scan" (plain autodiff through the token scan),
-"chunk" (the chunked op's memory-lean backward), "pallas" with `sparse_delta_rule`'s options of what its backward
-gets the rows from and what the table is stored in. The loss is sum(o * r_o), the final table unused as in
+An entry is "impl[:rows_dtype:rows_segments[:table_dtype]][@launch]": "scan" (plain autodiff through the token
+scan), "chunk" (the chunked op's memory-lean backward), "pallas" with `sparse_delta_rule`'s options of what its
+backward gets the rows from and what the table is stored in, and after "@" the token kernels' launch settings
+"BVxWARPS/BVxWARPS" (block_v and num_warps of the forward, then of the backward; default 64x8/64x8): a launch sweep
+is entries that differ only there. The loss is sum(o * r_o), the final table unused as in
 training. Per entry: the bytes jax.vjp of the op keeps for its backward (m0 left out: it is the parameter, held
 anyway), XLA's memory analysis of jit(value_and_grad(loss)) (temp, argument, output), and unless compile_only
 (abstract inputs: nothing runs, so GPU shapes compile on a CPU) the median time of the compiled step
@@ -25,17 +27,34 @@ from sdm_jax.benchmarking.op_compare import error_row
 from sdm_jax.benchmarking.op_inputs import sdm_inputs
 from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
+from sdm_jax.ops.sparse_pallas import check_launches
 
 IMPLS = ("scan", "chunk", "pallas")
 
 
+def parse_launch(text):
+  """'BVxWARPS/BVxWARPS' (the forward's, then the backward's block_v and num_warps) -> the op's launch option."""
+  try:
+    launch = tuple(tuple(int(n) for n in part.split("x")) for part in text.split("/"))
+    check_launches(launch)
+  except ValueError as error:
+    raise ValueError(f"entries: expected a launch 'BVxWARPS/BVxWARPS' (block_v and num_warps of the forward, then "
+                     f"the backward), e.g. 64x8/32x4, got {text!r} ({error})") from None
+  return launch
+
+
 def parse_entry(entry):
-  """'impl[:rows_dtype:rows_segments[:table_dtype]]' -> (impl, the op's keyword options)."""
+  """'impl[:rows_dtype:rows_segments[:table_dtype]][@launch]' -> (impl, the op's keyword options)."""
+  entry, at, launch = entry.partition("@")
   impl, *rest = entry.split(":")
-  expected = f"impl[:rows_dtype:rows_segments[:table_dtype]] with impl one of {IMPLS} (options: pallas only)"
-  if impl not in IMPLS or len(rest) not in (0, 2, 3) or (rest and impl != "pallas"):
-    raise ValueError(f"entries: expected {expected}, got {entry!r}")
-  return impl, sdm_options(":".join(rest), "entries") if rest else {}
+  expected = (f"impl[:rows_dtype:rows_segments[:table_dtype]][@BVxWARPS/BVxWARPS] with impl one of {IMPLS} "
+              "(options and launch: pallas only)")
+  if impl not in IMPLS or len(rest) not in (0, 2, 3) or ((rest or at) and impl != "pallas"):
+    raise ValueError(f"entries: expected {expected}, got {entry + at + launch!r}")
+  options = sdm_options(":".join(rest), "entries") if rest else {}
+  if at:
+    options["launch"] = parse_launch(launch)
+  return impl, options
 
 
 def saved_bytes(forward, floats, ints):

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
+from pallas_kernels.sparse_tokens import check_launch, sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.pallas import interpret, next_pow2
 
 MIN_DIM = 16  # entries (W, R) and value columns are padded to powers of two >= 16
@@ -58,6 +58,21 @@ def check_rows_options(rows_dtype, rows_segments, table_dtype="float32"):
   if isinstance(rows_segments, bool) or not isinstance(rows_segments, int) or rows_segments < 1:
     raise ValueError(f"rows_segments: expected an int >= 1, got {rows_segments!r}")
   return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name
+
+
+DEFAULT_LAUNCHES = (check_launch("launch", None),) * 2  # the token kernels' (forward, backward) launch
+
+
+def check_launches(launch):
+  """The token kernels' (forward, backward) launch settings, each (block_v, num_warps) (sparse_tokens.Launch; the
+  grid is (B, H, V / block_v)), as a pair of Launch; None: DEFAULT_LAUNCHES. ValueError naming `launch` otherwise.
+  The results do not depend on them beyond the order of the per-tile sums of the per-entry cotangents."""
+  if launch is None:
+    return DEFAULT_LAUNCHES
+  if not isinstance(launch, (tuple, list)) or len(launch) != 2:
+    raise ValueError(f"launch: expected (forward, backward) launch settings, each (block_v, num_warps), got "
+                     f"{launch!r}")
+  return check_launch("launch[0] (forward)", launch[0]), check_launch("launch[1] (backward)", launch[1])
 
 
 def _slot_groups(idx):
@@ -193,15 +208,16 @@ def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct):
 
 
 def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
-             table_dtype=ROWS_DTYPES[0], packed=None, distinct=False):
+             table_dtype=ROWS_DTYPES[0], packed=None, distinct=False, launch=DEFAULT_LAUNCHES):
   """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); packed: Packed or
-  None; distinct: no token lists a slot twice; the rest as the op's."""
+  None; distinct: no token lists a slot twice; launch: the kernels' (forward, backward) Launch; the rest as the
+  op's."""
   B, T = v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
   args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
   raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=None if packed is None else m0,
                                     save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
-                                    interpret=interpret())
+                                    **launch[0]._asdict(), interpret=interpret())
   final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, m0.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
@@ -243,19 +259,19 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13))
 def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype,
-                         distinct):
+                         distinct, launch):
   return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed,
-                  distinct=distinct)[0]
+                  distinct=distinct, launch=launch)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, distinct):
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, distinct, launch):
   return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed,
-                  distinct)
+                  distinct, launch)
 
 
-def _bwd(rows_dtype, rows_segments, table_dtype, distinct, residuals, cotangents):
+def _bwd(rows_dtype, rows_segments, table_dtype, distinct, launch, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.packed), the
@@ -285,12 +301,14 @@ def _bwd(rows_dtype, rows_segments, table_dtype, distinct, residuals, cotangents
       d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))
       table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
                                          m0=None if r.packed is None else m0, rows_dtype=jnp.dtype(rows_dtype),
-                                         rows_from=lo, interpret=interpret())
+                                         rows_from=lo, **launch[0]._asdict(), interpret=interpret())
     args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
     if r.packed is None:
-      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, interpret=interpret())
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, **launch[1]._asdict(),
+                                                                         interpret=interpret())
     else:
       table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(*args, m0=r.m0, d_m0=d_m0,
+                                                                               **launch[1]._asdict(),
                                                                                interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
   d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
@@ -314,15 +332,17 @@ def _pad_entries(idx, w):
 
 
 def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
-                        table_dtype="float32", starts=None, distinct_slots=False):
+                        table_dtype="float32", starts=None, distinct_slots=False, launch=None):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
   but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
   rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in (the
   module docstring). starts: None or [B, T] bool, where packed documents start (each from m0; padding already
   masked by the caller: `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no token lists
   a slot twice in k_idx, nor in q_idx: the per-slot weights are then the entries' own, with no sort (not where W or R
-  is padded, which repeats a slot)."""
+  is padded, which repeats a slot). launch: None or the token kernels' (forward, backward) launch settings, each
+  (block_v, num_warps) (`check_launches`)."""
   rows_dtype, table_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype)
+  launch = check_launches(launch)
   B, T, _, V = v.shape
   widths = k_idx.shape[-1], q_idx.shape[-1]
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
@@ -336,5 +356,5 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
   if packed is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
   o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments,
-                                  table_dtype, distinct)
+                                  table_dtype, distinct, launch)
   return o[..., :V], final[..., :V].astype(jnp.float32)

@@ -141,6 +141,21 @@ def test_sdm_memory_compares_every_entry_with_the_first(tmp_path):
   assert "| chunk |" in markdown and "| scan |" in markdown
 
 
+def test_sdm_memory_launch_entries(tmp_path):
+  """A launch sweep is entries that differ after '@': each reaches the op, and the results stay the first entry's."""
+  report, markdown, _ = run_mode("sdm_memory", tmp_path, ["entries=pallas:float32:1:bfloat16,"
+                                                          "pallas:float32:1:bfloat16@16x4/16x2", "value_dim=32"])
+  default, tuned = report["results"]
+  assert tuned["launch"] == [[16, 4], [16, 2]] and "launch" not in default
+  assert tuned["error"] is None and tuned["o_rel_err"] == 0 and tuned["worst_grad_rel_err"] < 1e-6, tuned
+  assert "| pallas:float32:1:bfloat16@16x4/16x2 |" in markdown
+  from sdm_jax.benchmarking.sdm_memory import parse_entry
+  assert parse_entry("pallas@32x4/64x8") == ("pallas", {"launch": ((32, 4), (64, 8))})
+  for bad in ("chunk@64x8/64x8", "pallas@64x8", "pallas@64x7/64x8", "pallas@8x8/64x8", "pallas:float32@64x8/64x8"):
+    with pytest.raises(ValueError, match="entries"):
+      parse_entry(bad)
+
+
 def test_packed_times_both_layouts_on_both_clocks(tmp_path):
   report, markdown, _ = run_mode("packed", tmp_path)
   assert [(r["mixer"], r["part"]) for r in report["results"]] == [("gdn", "fwd"), ("gdn", "fwd_bwd"), ("sdm", "fwd"),

@@ -220,7 +220,49 @@ def test_bad_rows_options_raise(option, value, impl):
     sparse_delta_rule(**args, impl=impl, **{option: value})
 
 
-@pytest.mark.parametrize("option,value", [("rows_dtype", "bfloat16"), ("rows_segments", 2), ("table_dtype", "bfloat16")])
+@pytest.mark.parametrize("launch", [(16, 4), ((24, 4), (16, 4)), ((16, 4), (16, 3)), ((16, 4), (16, 4), (16, 4)),
+                                    ((16, 64), (16, 4)), "64x8/64x8"])
+def test_bad_launch_raises(launch):
+  with pytest.raises(ValueError, match=r"launch"):
+    sparse_delta_rule(**_arrays(_inputs(28, T=5)), impl="pallas", launch=launch)
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch):
+  """Two value tiles of 16 columns and fewer warps against the default launch (one tile of 32): o, the final table
+  and the gradients of m0 and v (per value column) are the same bits; the per-entry and per-token gradients (sums
+  over the tiles) agree to fp32 rounding. With packed documents and a replayed rows segment, the other kernels'
+  launches. Every kernel call gets its launch (forward, the replay's forward, backward)."""
+  from sdm_jax.ops import sparse_pallas
+  launches = []
+  def recording(kernel, name):
+    def call(*args, **kwargs):
+      launches.append((name, kwargs.get("block_v"), kwargs.get("num_warps")))
+      return kernel(*args, **kwargs)
+    return call
+  monkeypatch.setattr(sparse_pallas, "sparse_tokens_fwd", recording(sparse_pallas.sparse_tokens_fwd, "fwd"))
+  monkeypatch.setattr(sparse_pallas, "sparse_tokens_bwd", recording(sparse_pallas.sparse_tokens_bwd, "bwd"))
+  x = _inputs(29, T=12, N=64, V=32, W=16, R=16)
+  kw = dict(impl="pallas")
+  if segments:
+    kw.update(rows_segments=2, segment_ids=jnp.asarray(np.repeat([[1] * 5 + [2] * 7], 2, axis=0)))
+  launch = ((16, 4), (16, 2))
+  for a, b in zip(_run(x, jnp.float32, **kw), _run(x, jnp.float32, launch=launch, **kw)):
+    assert np.array_equal(a, b)
+  launches.clear()
+  default, tiled = _grads(x, jnp.float32, **kw), _grads(x, jnp.float32, launch=launch, **kw)
+  calls = {"fwd": 2 if segments else 1, "bwd": 2 if segments else 1}  # a replayed segment: a forward and a backward
+  expected = [(n, 64, 8) for n in ("fwd", "bwd") for _ in range(calls[n])]
+  expected += [("fwd", 16, 4)] * calls["fwd"] + [("bwd", 16, 2)] * calls["bwd"]
+  assert sorted(launches) == sorted(expected)
+  for name in ("m0", "v"):
+    assert np.array_equal(default[name], tiled[name]), name
+  for name in ("k_w", "q_w", "g", "beta"):
+    assert _rel(tiled[name], default[name]) < 1e-6, name
+
+
+@pytest.mark.parametrize("option,value", [("rows_dtype", "bfloat16"), ("rows_segments", 2), ("table_dtype", "bfloat16"),
+                                          ("launch", ((16, 4), (16, 4)))])
 @pytest.mark.parametrize("impl", ["scan", "chunk"])
 def test_pallas_options_are_refused_by_the_other_impls(option, value, impl):
   args = _arrays(_inputs(26, T=5))

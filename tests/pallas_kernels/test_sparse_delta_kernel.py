@@ -164,3 +164,14 @@ def test_forward_without_gradient_leaves_out_the_saved_rows(rows_dtype, rows_seg
   table = f32(H, N, V)
   assert rows not in str(jax.make_jaxpr(run)(table))
   assert rows in str(jax.make_jaxpr(jax.grad(lambda m: jnp.sum(run(m)[0])))(table))
+
+
+@pytest.mark.parametrize("block_v,num_warps", [(16, 4), (32, 8), (128, 16)])
+def test_launch_settings_lower_for_cuda(block_v, num_warps):
+  """The launches `run_h200.sh sdm_launch` sweeps (sparse_delta_rule's launch option), forward and backward."""
+  launch = dict(block_v=block_v, num_warps=num_warps)
+  assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, **launch), _forward_args(37, 128))
+  x = lambda *shape, dtype=jnp.float32: _per_token(37, *shape, dtype=dtype)
+  idx = x(128, dtype=jnp.int32)
+  args = (TABLE, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128, V), x(V))
+  assert _lowers_for_cuda(lambda *a: sparse_tokens_bwd(*a, **launch), args)
