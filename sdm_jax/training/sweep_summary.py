@@ -252,7 +252,8 @@ def _lines(points, where, field):
     # Against the state, a line is a mixer across its sizes (variants of one mixer at several widths join).
     name = entry["mixer"] if where is None else entry["label"]
     lines.setdefault(name + (f" ({suffix})" if suffix else ""), []).append((x, entry))
-  return {label: sorted(members, key=lambda member: member[0]) for label, members in lines.items()}
+  # Sorted by label: the legend reads in order, and lines merged from several workdirs keep the same styles.
+  return {label: sorted(lines[label], key=lambda member: member[0]) for label in sorted(lines)}
 
 
 def _line_styles(lines):
