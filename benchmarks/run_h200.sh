@@ -47,6 +47,8 @@ mkdir -p "$TRITON_CACHE_DIR"
 OUT=${OUT:-/tmp/out}
 RES=/tmp/results
 mkdir -p "$OUT" "$RES"
+# The card that ran (the device tool may lend an H100 for an H200): first line of the log.
+echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" | tee -a "$OUT/log.txt"
 run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.txt
   local limit=$1; shift
   echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"

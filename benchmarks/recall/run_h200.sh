@@ -25,6 +25,8 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 RES=runs/recall
 mkdir -p "$OUT" "$RES"
+# The card that ran (the device tool may lend an H100 for an H200): first line of the log.
+echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" | tee -a "$OUT/log.txt"
 SEEDS=${SEEDS:-1}
 WIDTHS=${WIDTHS:-128}
 FIRST_SEED=${FIRST_SEED:-0}
