@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.sparse_tokens import check_launch, sparse_tokens_bwd, sparse_tokens_fwd
+from pallas_kernels.sparse_tokens import DEFAULT_LAUNCH, check_launch, sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.pallas import interpret, next_pow2
 
 MIN_DIM = 16  # entries (W, R) and value columns are padded to powers of two >= 16
@@ -60,7 +60,7 @@ def check_rows_options(rows_dtype, rows_segments, table_dtype="float32"):
   return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name
 
 
-DEFAULT_LAUNCHES = (check_launch("launch", None),) * 2  # the token kernels' (forward, backward) launch
+DEFAULT_LAUNCHES = (DEFAULT_LAUNCH,) * 2  # the token kernels' (forward, backward) launch
 
 
 def check_launches(launch):

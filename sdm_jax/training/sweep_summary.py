@@ -85,15 +85,15 @@ def collect(workdirs, log=print):
   a summary's .json contributes the rows it recorded."""
   rows, seen, unfinished = [], set(), []
   numbers_cache = {}
-  for summary in [w for w in workdirs if str(w).endswith(".json")]:
+  summaries = [w for w in workdirs if str(w).endswith(".json")]
+  for summary in summaries:
     for identity, run_rows in recorded_runs(summary).items():
       if identity in seen:
         log(f"warning: {summary}: {run_rows[0]['run']}: point and seed already found earlier; this copy is left out")
         continue
       seen.add(identity)
       rows += run_rows
-  workdirs = [w for w in workdirs if not str(w).endswith(".json")]
-  for run_dir in find_runs(workdirs):
+  for run_dir in find_runs([w for w in workdirs if w not in summaries]):
     spec = json.loads((run_dir / sweep.POINT).read_text())
     config = json.loads((run_dir / sweep.RUN_CONFIG).read_text())
     identity = (_key(spec["point"]), spec["seed"])
