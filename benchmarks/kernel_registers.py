@@ -42,8 +42,8 @@ def dump(out, settings="{}"):
   forward = [table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(), per_token(),
              per_token(V, dtype=bf16), per_token(R, dtype=i32), per_token(R)]
   backward = [table, table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(W), per_token(),
-              per_token(), per_token(V, dtype=bf16), per_token(R, dtype=i32), per_token(R), per_token(W, V),
-              per_token(V, dtype=bf16)]
+              per_token(), per_token(V, dtype=bf16), per_token(R, dtype=i32), per_token(R), per_token(W),
+              per_token(W, V), per_token(V, dtype=bf16)]
   fwd, bwd = settings.get("fwd", {}), settings.get("bwd", {})
   kernels = {
       "fwd_nosave": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=False, **fwd), forward),

@@ -122,14 +122,15 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 200 sdm h200_sdm_kernels --impls=pallas --set=breakdown=true ;;
     sdm_memory)
       bench 400 sdm_memory h200_sdm_memory ;;
-    sdm_launch)  # the token kernels' launch (forward/backward block_v x num_warps) with each table dtype
+    sdm_launch)  # the token kernels' launch (forward/backward block_v x num_warps) with each table dtype; SDM_TABLES,
+      # SDM_LAUNCHES narrow the sweep, SDM_BASE=<commit> times that tree beside this one
       entries=()
-      for table in float32 bfloat16; do
-        for launch in 64x8/64x8 64x4/64x4 64x16/64x16 32x4/32x4 32x8/32x8 128x8/128x8 128x16/128x16 16x4/16x4; do
+      for table in ${SDM_TABLES:-float32 bfloat16}; do
+        for launch in ${SDM_LAUNCHES:-64x8/64x8 64x4/64x4 64x16/64x16 32x4/32x4 32x8/32x8 128x8/128x8 128x16/128x16 16x4/16x4}; do
           entries+=("pallas:float32:1:$table@$launch")
         done
       done
-      bench 560 sdm_memory h200_sdm_launch --set=entries="$(IFS=,; echo "${entries[*]}")" ;;
+      bench 560 sdm_memory h200_sdm_launch --set=entries="$(IFS=,; echo "${entries[*]}")" ${SDM_BASE:+--base=$SDM_BASE} ;;
     packed)
       bench 400 packed h200_packed --set=chunk_sizes=32 --set=breakdown=true ;;
     decode)

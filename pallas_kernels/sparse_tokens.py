@@ -15,12 +15,14 @@ before its writes (duplicates), and the writes before the reads that follow.
 
 The backward walks the tokens in reverse with the table cotangent dM in place. Per token t, on M_t:
   1. the read: d_rho[r] = <M_t[J_t[r]], dO_t>, dM[J_t] += rho_slot dO_t;
-  2. the write, from the saved rows P = M_{t-1}[I_t]: with dM_t = dM[I_t] and e = exp(g_t),
+  2. the write, from the saved rows P = M_{t-1}[I_t]: with dM_t = dM[I_t] (after 1.: the rows gathered with the
+     read's, before it, plus k_read dO_t, k_read the read's weight of each write entry's slot, 0 where the token does
+     not read it: one memory round trip a token, the read's rows and the write's) and e = exp(g_t),
      dd = sum_w kappa[w] dM_t[w], dv = beta dd, d_beta = <dd, v - r>, dr = -beta dd,
      d_kappa[w] = <dM_t[w], d> + <e P[w], dr>, dM[I_t] = e (dM_t + kappa_slot dr) (the cotangent of
      M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
 The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
-Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
+Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first, k_read [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
 [B, H, T]; v, d_o [.., V]; rows [.., W, V] (fp32 or, rounded, bf16: the undo then restores the rounded rows);
 table [B, H, N, V] fp32 or bf16 (then the rows saved in bf16 are exact, and so is the undo). W, R, V powers of two.
 A backward over tokens lo..hi-1 alone takes those tokens' slices and the table after token hi - 1
@@ -230,7 +232,7 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
 
 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
-                rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, packed, interpret):
+                k_read_ref, rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, packed, interpret):
   del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
   m0_ref = None
   if packed:
@@ -242,19 +244,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   at_rows, barrier = _tools(bv, interpret)
   rows_at = functools.partial(_coded_rows, at_rows, packed=packed)
   math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
-
-  def add_cotangent(at, fresh, d_rows, delta):
-    """dM[at] = d_rows + delta (d_rows: dM there, read before the barrier); packed, dM0 takes the stale rows' part."""
-    if fresh is None:
-      d_table_ref[at] = d_rows + delta
-      return
-    d_m0_rows = _table_rows(d_m0_ref[0], at, ~fresh)
-    barrier()
-    pltriton.store(d_table_ref.at[at], d_rows + delta, mask=fresh)
-    pltriton.store(d_m0_ref[0].at[at], d_m0_rows + delta, mask=~fresh)
-
   inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
-                beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, d_o=d_o_ref)
+                beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, k_read=k_read_ref, d_o=d_o_ref)
   ahead = lambda t: _token_inputs(jnp.maximum(t, 0), **inputs)
 
   def token(t, x):
@@ -262,18 +253,30 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     x_next = ahead(t - 1)  # issued first; used from the next token on
     found_raw = rows_ref[t].astype(f32)  # loaded early: it depends on nothing the token writes
     k_rows, k_fresh = rows_at(x["k_idx"])
-    # 1. The read of token t, on M_t.
     q_rows, q_fresh = rows_at(x["q_idx"])
     d_o = x["d_o"].astype(f32)
-    d_q_w_ref[t, :] = jnp.sum(math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh) * d_o,
-                              axis=1)
-    d_read = _table_rows(d_table_ref, q_rows, q_fresh)  # packed: the stale rows' part is dM0's
-    if not packed:
-      barrier()
-    add_cotangent(q_rows, q_fresh, d_read, x["q_slot"][:, None] * d_o)
-    barrier()
-    # 2. The write of token t, from the rows it found (packed: m0's at stale slots, loaded with dM's rows).
+    # Every row the token reads, in one round trip: M_t and dM at the read slots (packed: dM0's part at the stale
+    # ones), dM at the write slots before the read's addition, which k_read supplies (a slot the token reads is
+    # fresh for its read, so that addition is dM's, never dM0's).
+    read = math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh)
+    d_read = _table_rows(d_table_ref, q_rows, q_fresh)
+    k_read = x["k_read"][:, None]
     d_written = d_table_ref[k_rows]
+    d_written = jnp.where(k_read != 0, d_written + k_read * d_o, d_written)
+    if packed:
+      d_m0_read = _table_rows(d_m0_ref[0], q_rows, ~q_fresh)
+      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
+    # 1. The read of token t, on M_t; its cotangent is stored once every row above has been read (a slot listed
+    # twice, or both read and written).
+    d_q_w_ref[t, :] = jnp.sum(read * d_o, axis=1)
+    delta = x["q_slot"][:, None] * d_o
+    barrier()
+    if packed:  # the read's cotangent of a stale row is m0's
+      pltriton.store(d_table_ref.at[q_rows], d_read + delta, mask=q_fresh)
+      pltriton.store(d_m0_ref[0].at[q_rows], d_m0_read + delta, mask=~q_fresh)
+    else:
+      d_table_ref[q_rows] = d_read + delta
+    # 2. The write of token t, from the rows it found (packed: m0's at stale slots).
     found = math_rows(found_raw, k_rows, k_fresh)
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
@@ -286,13 +289,11 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
     d_found = decay * (d_written + x["k_slot"][:, None] * dr)
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
+    barrier()  # a slot both read and written: the write's cotangent lands last
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
-      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
-      barrier()
       d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0)
       pltriton.store(d_m0_ref[0].at[k_rows], d_m0_found + d_found, mask=~k_fresh)
     else:
-      barrier()
       d_table_ref[k_rows] = d_found
     table_ref[k_rows] = found_raw.astype(table_ref.dtype)
     barrier()
@@ -302,10 +303,12 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
-def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, *,
+def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, *,
                       m0=None, d_m0=None, block_v=DEFAULT_LAUNCH.block_v, num_warps=DEFAULT_LAUNCH.num_warps,
                       num_stages=1, interpret=False):
-  """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place). Returns
+  """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place); k_read
+  [B, H, T, W]: per write entry, the summed read weight (q_slot) of its slot at the same token, 0 where the token does
+  not read that slot (`sdm_jax.ops.sparse_pallas.read_at_writes`). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
   Launch settings: one wave of programs. At the H200 bench shape block_v 32 with 8 warps needs 176 registers a
@@ -330,14 +333,14 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
                f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
   out_specs = [tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
-              per_head(T, R), per_head(T, R), tile(T, W), tile(T), tile(N), tile(N)]
-  aliases = {11: 0, 12: 1}
+              per_head(T, R), per_head(T, R), per_head(T, W), tile(T, W), tile(T), tile(N), tile(N)]
+  aliases = {12: 0, 13: 1}
   documents = ()
   if packed:
     in_specs += [_m0_spec(m0, block_v), tile(N)]
     out_shape.append(f32(B, H, N, V))
     out_specs.append(tile(N))
-    aliases[14] = 7
+    aliases[15] = 7
     documents = (m0, d_m0)
   return pl.pallas_call(
       functools.partial(_bwd_kernel, packed=packed, interpret=interpret),
@@ -349,4 +352,5 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_tokens_bwd",
-  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows, d_o, table, d_table, *documents)
+  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, table, d_table,
+    *documents)

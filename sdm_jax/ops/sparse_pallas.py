@@ -237,7 +237,18 @@ class BackwardTokens(NamedTuple):
   v: Any
   q_idx: Any
   q_slot: Any
+  k_read: Any
   d_o: Any
+
+
+def read_at_writes(k_idx, q_idx, q_slot, distinct=False):
+  """k_idx [..., W], q_idx [..., R] (one token's slots per row), q_slot [..., R] (each read entry's summed slot
+  weight) -> [..., W]: the read weight of each write entry's slot, 0 where the token does not read it. The backward
+  kernel adds that much dO to dM at the write slots it gathers with the read's rows, instead of gathering them again
+  after the read's addition. One nonzero term per sum (a slot's first read entry; distinct: every entry), so exact."""
+  first = jnp.ones(q_idx.shape, bool) if distinct else _slot_groups(q_idx)[1]
+  weight = jnp.where(first, q_slot, 0.0)
+  return jnp.sum(jnp.where(k_idx[..., :, None] == q_idx[..., None, :], weight[..., None, :], 0.0), axis=-1)
 
 
 def _backward_tokens(residuals, d_o, distinct):
@@ -246,13 +257,16 @@ def _backward_tokens(residuals, d_o, distinct):
                                                                       r.q_w, r.packed, distinct)
   # Distinct slots: every entry is its slot's first.
   k_first = jnp.ones_like(k_w) if distinct else _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
-  q_slot = _heads(_summed_within_token(r.q_idx, r.q_w, distinct))
-  return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, _heads(d_o))
+  q_slot = _summed_within_token(r.q_idx, r.q_w, distinct)
+  k_read = read_at_writes(r.k_idx, r.q_idx, q_slot, distinct)
+  return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, _heads(q_slot), _heads(k_read),
+                        _heads(d_o))
 
 
 def _kernel_args(table, d_table, tokens, rows):
   t = tokens
-  return (table, d_table, t.k_idx, t.k_w, t.k_slot, t.k_first, t.decay, t.beta, t.v, t.q_idx, t.q_slot, rows, t.d_o)
+  return (table, d_table, t.k_idx, t.k_w, t.k_slot, t.k_first, t.decay, t.beta, t.v, t.q_idx, t.q_slot, t.k_read,
+          rows, t.d_o)
 
 
 def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-1

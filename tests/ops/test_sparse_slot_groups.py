@@ -1,6 +1,7 @@
 """Sparse Delta Memory's chunk-local slot ids against the brute-force [C, W, C, W] slot comparison
 they replace: group ids, per-token weights and hits, multiplicities and gradients; and the within-token groups
-of impl="pallas" (summed weights, first entries) against a brute-force comparison."""
+of impl="pallas" (summed weights, first entries, the read weight at each write slot) against a brute-force
+comparison."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdm_jax.ops.sparse_chunk import chunk_addressing, per_token, slot_groups
-from sdm_jax.ops.sparse_pallas import _slot_groups, _summed_within_token
+from sdm_jax.ops.sparse_pallas import _slot_groups, _summed_within_token, read_at_writes
 
 C, W, R = 8, 3, 4
 
@@ -80,3 +81,27 @@ def test_within_token_groups_match_brute_force(N):
   np.testing.assert_array_equal(group[..., :, None] == group[..., None, :], same)
   np.testing.assert_allclose(np.asarray(_summed_within_token(jnp.asarray(idx), jnp.asarray(w))),
                              np.einsum("...ij,...j->...i", same, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("N,distinct", [(1, False), (6, False), (1000, False), (40, True)])
+def test_read_at_writes_matches_brute_force(N, distinct):
+  """The backward kernel's k_read: each write entry's slot's summed read weight at the same token, bit for bit, 0
+  where the token does not read that slot (slots listed twice in reads and writes; with distinct slots, each entry
+  its own weight)."""
+  rng = np.random.default_rng(N)
+  shape = (2, 7)
+  if distinct:
+    k_idx = np.stack([rng.permutation(N)[:16] for _ in range(14)]).reshape(*shape, 16)
+    q_idx = np.stack([rng.permutation(N)[:8] for _ in range(14)]).reshape(*shape, 8)
+  else:
+    k_idx, q_idx = rng.integers(0, N, size=(*shape, 16)), rng.integers(0, N, size=(*shape, 8))
+    q_idx[0, 0, 5] = q_idx[0, 0, 1]  # a read slot listed twice
+  q_w = rng.normal(size=q_idx.shape).astype(np.float32)
+  q_slot = np.asarray(_summed_within_token(jnp.asarray(q_idx), jnp.asarray(q_w), distinct))
+  expected = np.zeros(k_idx.shape, np.float32)
+  for i in np.ndindex(k_idx.shape):
+    match = np.flatnonzero(q_idx[i[:-1]] == k_idx[i])
+    expected[i] = q_slot[i[:-1]][match[0]] if match.size else 0.0
+  got = np.asarray(read_at_writes(jnp.asarray(k_idx), jnp.asarray(q_idx), jnp.asarray(q_slot), distinct))
+  np.testing.assert_array_equal(got, expected)
+  assert np.count_nonzero(expected) > 0  # some write slots are read at their token

@@ -40,7 +40,7 @@ def test_lowers_for_cuda(W, T, save_rows, rows_dtype, rows_from):
 def test_backward_lowers_for_cuda(W, T, rows_dtype):
   x = lambda *shape, dtype=jnp.float32: _per_token(T, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
-  args = (TABLE, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W, V, dtype=rows_dtype), x(V))
+  args = (TABLE, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), x(W, V, dtype=rows_dtype), x(V))
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
@@ -51,7 +51,8 @@ def test_bf16_table_lowers_for_cuda():
   assert _lowers_for_cuda(forward, (table, *_forward_args(37, 128)[1:]))
   x = lambda *shape, dtype=jnp.float32: _per_token(37, *shape, dtype=dtype)
   idx = x(128, dtype=jnp.int32)
-  args = (table, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128, V, dtype=jnp.bfloat16), x(V))
+  args = (table, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128), x(128, V, dtype=jnp.bfloat16),
+          x(V))
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
 
 
@@ -71,7 +72,7 @@ def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save
   x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
   rows = jax.ShapeDtypeStruct((B, H, L, W, V), rows_dtype)
-  args = (table, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), rows, x(V))
+  args = (table, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
   backward = lambda m, d_m0, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0)
   assert _lowers_for_cuda(backward, (m0, TABLE, *args))
 
@@ -80,7 +81,7 @@ def test_backward_takes_m0_and_d_m0_together():
   T, W = 4, 16
   x = lambda *shape, dtype=jnp.float32: jnp.zeros((B, H, T, *shape), dtype)
   idx, table = x(W, dtype=jnp.int32), jnp.zeros(TABLE.shape)
-  args = (table, table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W, V), x(V))
+  args = (table, table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), x(W, V), x(V))
   with pytest.raises(ValueError, match="m0 and d_m0"):
     sparse_tokens_bwd(*args, m0=jnp.zeros((H, N, V)))
 
@@ -112,7 +113,7 @@ def test_backward_value_tiles_give_the_same_result(block_v):
   at the same token)."""
   import numpy as np
   from sdm_jax.benchmarking.op_inputs import sdm_inputs
-  from sdm_jax.ops.sparse_pallas import _forward_args, _heads, _slot_groups, _summed_within_token
+  from sdm_jax.ops.sparse_pallas import _forward_args, _heads, _slot_groups, _summed_within_token, read_at_writes
   T, N, V, W = 24, 32, 64, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 2)
   table = jnp.broadcast_to(fl["m0"], (1, 2, N, V))
@@ -120,12 +121,14 @@ def test_backward_value_tiles_give_the_same_result(block_v):
                                                                  fl["beta"], it["q_idx"], fl["q_w"])
   final, _, rows = sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, interpret=True)
   k_first = _heads(_slot_groups(it["k_idx"])[1].astype(jnp.float32))
-  q_slot = _heads(_summed_within_token(it["q_idx"], fl["q_w"]))
+  q_slot = _summed_within_token(it["q_idx"], fl["q_w"])
+  k_read = _heads(read_at_writes(it["k_idx"], it["q_idx"], q_slot))
+  q_slot = _heads(q_slot)
   rng = np.random.default_rng(3)
   d_table = jnp.asarray(rng.standard_normal(table.shape), jnp.float32)
   d_o = jnp.asarray(rng.standard_normal(v.shape), jnp.bfloat16)
-  base, tiled = (sparse_tokens_bwd(final, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, rows,
-                                   d_o, block_v=bv, interpret=True) for bv in (V, block_v))
+  base, tiled = (sparse_tokens_bwd(final, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read,
+                                   rows, d_o, block_v=bv, interpret=True) for bv in (V, block_v))
   for a, b in zip(base[:3], tiled[:3]):
     assert jnp.array_equal(a, b)
   for a, b in zip(base[3:], tiled[3:]):
@@ -173,5 +176,5 @@ def test_launch_settings_lower_for_cuda(block_v, num_warps):
   assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, **launch), _forward_args(37, 128))
   x = lambda *shape, dtype=jnp.float32: _per_token(37, *shape, dtype=dtype)
   idx = x(128, dtype=jnp.int32)
-  args = (TABLE, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128, V), x(V))
+  args = (TABLE, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128), x(128, V), x(V))
   assert _lowers_for_cuda(lambda *a: sparse_tokens_bwd(*a, **launch), args)
