@@ -263,6 +263,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     k_read = x["k_read"][:, None]
     d_written = d_table_ref[k_rows]
     d_written = jnp.where(k_read != 0, d_written + k_read * d_o, d_written)
+    found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, loaded with the others
     if packed:
       d_m0_read = _table_rows(d_m0_ref[0], q_rows, ~q_fresh)
       d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
@@ -276,8 +277,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
       pltriton.store(d_m0_ref[0].at[q_rows], d_m0_read + delta, mask=~q_fresh)
     else:
       d_table_ref[q_rows] = d_read + delta
-    # 2. The write of token t, from the rows it found (packed: m0's at stale slots).
-    found = math_rows(found_raw, k_rows, k_fresh)
+    # 2. The write of token t, from the rows it found.
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
     decayed = decay * found
