@@ -80,7 +80,7 @@ for step in ${*:-default}; do
         niah_variants+=("$(MIXERS="${NIAH_MIXERS:-gdn2 sdm swa attention}" variants "$task" 128)")
       done
       niah_variants="${NIAH_VARIANTS:-$(IFS='|'; echo "${niah_variants[*]}")}"
-      sweep 530 "${NIAH_DIR:-niah}" --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
+      sweep "${STEP_LIMIT:-530}" "${NIAH_DIR:-niah}" --config=experiments/configs/recall.py:s_niah_1_gdn2_w128 \
         --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
         --first_seed="$FIRST_SEED" ;;
