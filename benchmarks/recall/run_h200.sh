@@ -14,7 +14,8 @@
 #        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
 #                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
 #                 runs/recall/$NIAH_DIR (default niah); NIAH_VARIANTS='v1|v2|...' (recall.py's variants) replaces the
-#                 tasks x mixers list (the missing seeds of some rows)
+#                 tasks x mixers list (the missing seeds of some rows); STEP_LIMIT (default 530 s) bounds the step,
+#                 to fit the device time left (a cut-off run resumes from its last checkpoint on the same machine)
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 # MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
