@@ -313,7 +313,9 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
   Launch settings: one wave of programs. At the H200 bench shape block_v 32 with 8 warps needs 176 registers a
   thread, so one program a multiprocessor and two waves of 256 programs (58.3 ms, Nsight Compute); block_v 64 with 8
-  warps runs 128 programs in one (47.4 ms; 32 with 4 warps 50.9; benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
+  warps runs 128 programs in one (47.4 ms; 32 with 4 warps 50.9; benchmarks/sdm/2026-12-02_h200_sdm_launch.md). With
+  the one round trip a token (255 registers offline at block_v 64, 8 warps) it is still the fastest of five launches
+  with a bf16 table on an H100 (benchmarks/sdm/2026-12-06_h100_s23_sdm_launch_bf16.md).
 
   Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
   [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
