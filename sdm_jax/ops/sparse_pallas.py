@@ -4,7 +4,8 @@ The kernels move only the rows each token touches (W + R gathers and W writes pe
 byte floor of the update), with no per-chunk algebra: at the H200 bench shape the chunked form's
 coefficients and re-gathered rows cost more than the rows themselves (benchmarks/, 2026-11-30). Here XLA
 forms the per-token weights the kernels need (a slot's summed weight within its token and its first entry, from a
-sort of each token's entries; with distinct slots, the entries' own weights, every entry first), and a custom_vjp
+sort of each token's entries; with distinct slots, the entries' own weights, every entry first; for the backward,
+each write slot's read weight at its token, `read_at_writes`), and a custom_vjp
 saves the rows each token found before its write (T x W x V per head) for the backward kernel, which undoes the
 writes in reverse.
 
