@@ -28,8 +28,8 @@
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
-#   sdm_train   train: the SDM hybrid (fp32 and bf16 table) against the dense GDN model of its width and depth
-#   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with an fp32 and a bf16 table
+#   sdm_train   train: the SDM hybrid (fp32 table, bf16 table, bf16 table and gradient) against the dense GDN model
+#   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with those table dtypes
 #   mqar        the default MQAR trained with every dense mixer
 #   mqar_small  a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
 set -u
@@ -141,13 +141,18 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=
       bench 200 train h200_train_sdm_bf16table --set=configs=experiments/configs/paper.py:sdm_ref \
-        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers= ;;
-    sdm_table)  # the same run, seed and batches with each table dtype: the bf16 table's cost in loss
+        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers=
+      bench 200 train h200_train_sdm_bf16grad --set=configs=experiments/configs/paper.py:sdm_ref \
+        --set=overrides=model.sdm_table_dtype=bfloat16,model.sdm_table_grad_dtype=bfloat16 --set=peers= ;;
+    sdm_table)  # the same run, seed and batches with each table dtype (table:gradient; SDM_TABLE_RUNS narrows them):
+      # the cost in loss of the bf16 table and of its bf16 gradient
       workdirs=()
-      for dt in float32 bfloat16; do
-        workdirs+=("$RES/sdm_table_$dt")
+      for dts in ${SDM_TABLE_RUNS:-float32:float32 bfloat16:float32 bfloat16:bfloat16}; do
+        dt=${dts%:*} gdt=${dts#*:}
+        workdirs+=("$RES/sdm_table_${dt}_$gdt")
         run 230 python3 -m experiments.train --config=experiments/configs/paper.py:sdm_ref,data/stdlib32k \
-          --workdir="$RES/sdm_table_$dt" --config.model.sdm_table_dtype=$dt --config.train.steps=${SDM_TABLE_STEPS:-400} \
+          --workdir="$RES/sdm_table_${dt}_$gdt" --config.model.sdm_table_dtype=$dt \
+          --config.model.sdm_table_grad_dtype=$gdt --config.train.steps=${SDM_TABLE_STEPS:-400} \
           --config.train.warmup_steps=100 --config.train.eval_every=100 --config.train.checkpoint_every=100000 \
           --config.train.log_every=10
       done

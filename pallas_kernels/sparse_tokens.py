@@ -259,9 +259,9 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     # ones), dM at the write slots before the read's addition, which k_read supplies (a slot the token reads is
     # fresh for its read, so that addition is dM's, never dM0's).
     read = math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh)
-    d_read = _table_rows(d_table_ref, q_rows, q_fresh)
+    d_read = _table_rows(d_table_ref, q_rows, q_fresh).astype(f32)
     k_read = x["k_read"][:, None]
-    d_written = d_table_ref[k_rows]
+    d_written = d_table_ref[k_rows].astype(f32)
     d_written = jnp.where(k_read != 0, d_written + k_read * d_o, d_written)
     found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, loaded with the others
     if packed:
@@ -273,10 +273,10 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     delta = x["q_slot"][:, None] * d_o
     barrier()
     if packed:  # the read's cotangent of a stale row is m0's
-      pltriton.store(d_table_ref.at[q_rows], d_read + delta, mask=q_fresh)
+      pltriton.store(d_table_ref.at[q_rows], (d_read + delta).astype(d_table_ref.dtype), mask=q_fresh)
       pltriton.store(d_m0_ref[0].at[q_rows], d_m0_read + delta, mask=~q_fresh)
     else:
-      d_table_ref[q_rows] = d_read + delta
+      d_table_ref[q_rows] = (d_read + delta).astype(d_table_ref.dtype)
     # 2. The write of token t, from the rows it found.
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
@@ -291,10 +291,10 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
     barrier()  # a slot both read and written: the write's cotangent lands last
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
-      d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0)
+      d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0).astype(d_table_ref.dtype)
       pltriton.store(d_m0_ref[0].at[k_rows], d_m0_found + d_found, mask=~k_fresh)
     else:
-      d_table_ref[k_rows] = d_found
+      d_table_ref[k_rows] = d_found.astype(d_table_ref.dtype)
     table_ref[k_rows] = found_raw.astype(table_ref.dtype)
     barrier()
     return x_next
@@ -306,7 +306,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, *,
                       m0=None, d_m0=None, block_v=DEFAULT_LAUNCH.block_v, num_warps=DEFAULT_LAUNCH.num_warps,
                       num_stages=1, interpret=False):
-  """table: the final table (fp32 or bf16), d_table: its cotangent, fp32 (both overwritten in place); k_read
+  """table: the final table (fp32 or bf16), d_table: its cotangent dM, fp32 or bf16 (then every row of dM the
+  kernel updates is rounded to bf16 as it is stored; the math stays fp32), both overwritten in place; k_read
   [B, H, T, W]: per write entry, the summed read weight (q_slot) of its slot at the same token, 0 where the token does
   not read that slot (`sdm_jax.ops.sparse_pallas.read_at_writes`). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
@@ -331,8 +332,8 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   packed = m0 is not None
   if packed != (d_m0 is not None):
     raise ValueError("m0 and d_m0: expected both (packed documents) or neither")
-  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), f32(B, H, N, V), f32(B, H, T, V), f32(B, H, nv, T, W),
-               f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
+  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), jax.ShapeDtypeStruct(table.shape, d_table.dtype),
+               f32(B, H, T, V), f32(B, H, nv, T, W), f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
   out_specs = [tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
               per_head(T, R), per_head(T, R), per_head(T, W), tile(T, W), tile(T), tile(N), tile(N)]

@@ -4,10 +4,11 @@ Each op, forward and forward+backward (the gradient of sum(o * r) with respect t
 state unused as in training), on the same inputs unpacked and as rows of `docs` documents each (boundaries drawn at
 random, so most start inside a chunk), with the ratio packed / unpacked; the bar of issue 23 is TARGET. The dense
 ops take `op_inputs.make_op_inputs` (K = V, no initial state) at each chunk size; the SDM op (`sdm`)
-`op_inputs.sdm_inputs` at each of its options (rows_dtype:rows_segments[:table_dtype]), its packed gradients checked
-finite (their accuracy against the documents run alone is tests/ops/test_sparse_packed.py's). Two clocks (DESIGN.md
-section 7), both rotating 3 input sets: `timing.median_ms` (on the GPU the kernels' summed durations from CUPTI) and
-the host clock around back-to-back calls with one synchronisation at the end (`timing.back_to_back_ms`).
+`op_inputs.sdm_inputs` at each of its options (rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]), its
+packed gradients checked finite (their accuracy against the documents run alone is
+tests/ops/test_sparse_packed.py's). Two clocks (DESIGN.md section 7), both rotating 3 input sets:
+`timing.median_ms` (on the GPU the kernels' summed durations from CUPTI) and the host clock around back-to-back calls
+with one synchronisation at the end (`timing.back_to_back_ms`).
 """
 
 import dataclasses

@@ -123,8 +123,8 @@ class SdmMemorySettings:
   entries: tuple[str, ...] = _setting(
       ("pallas", "pallas:bfloat16:1", "pallas:float32:1:bfloat16", "pallas:float32:2", "pallas:bfloat16:2",
        "pallas:float32:4", "pallas:bfloat16:4"),
-      "impl[:rows_dtype:rows_segments[:table_dtype]][@BVxWARPS/BVxWARPS] of sparse_delta_rule (scan, chunk or "
-      "pallas; options and the token kernels' launch, forward/backward: pallas)")
+      "impl[:rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]][@BVxWARPS/BVxWARPS] of sparse_delta_rule "
+      "(scan, chunk or pallas; options and the token kernels' launch, forward/backward: pallas)")
   shape: str = _setting("4x4096", "B x T")
   heads: int = _setting(2, "H")
   num_slots: int = _setting(65536, "N, slots per head")
@@ -149,7 +149,8 @@ class PackedSettings:
   num_slots: int = _setting(65536, "N of the SDM")
   sdm_value_dim: int = _setting(1024, "V of the SDM")
   topk: int = _setting(128, "W = R of the SDM")
-  sdm_options: tuple[str, ...] = _setting(("float32:1",), "rows_dtype:rows_segments[:table_dtype] of the SDM op")
+  sdm_options: tuple[str, ...] = _setting(("float32:1",),
+                                          "rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]] of the SDM op")
   reps: int = _setting(20, "runs per timing, for both clocks")
   breakdown: bool = _setting(False, "also list each run's kernels by device time, packed beside unpacked (CUPTI, "
                              "one warm run; GPU only)")

@@ -21,17 +21,18 @@ INPUT_SETS = 3
 
 
 def sdm_options(text, setting):
-  """'rows_dtype:rows_segments[:table_dtype]' -> sparse_delta_rule's keyword options for impl="pallas", checked by
-  the op's own rule; ValueError naming `setting` otherwise."""
+  """'rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]' -> sparse_delta_rule's keyword options for
+  impl="pallas", checked by the op's own rule; ValueError naming `setting` otherwise."""
   parts = text.split(":")
   try:
-    if len(parts) not in (2, 3):
-      raise ValueError(f"{len(parts)} fields, not 2 or 3")
-    options = {"rows_dtype": parts[0], "rows_segments": int(parts[1]),
-               "table_dtype": parts[2] if len(parts) == 3 else "float32"}
+    if len(parts) not in (2, 3, 4):
+      raise ValueError(f"{len(parts)} fields, not 2 to 4")
+    options = {"rows_dtype": parts[0], "rows_segments": int(parts[1])}
+    options.update(zip(("table_dtype", "table_grad_dtype"), parts[2:]))
     check_rows_options(**options)
   except ValueError as error:
-    raise ValueError(f"{setting}: expected rows_dtype:rows_segments[:table_dtype], got {text!r} ({error})") from None
+    raise ValueError(f"{setting}: expected rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]], got {text!r} "
+                     f"({error})") from None
   return options
 
 

@@ -2,9 +2,10 @@
 its backward keeps and what XLA's compiled forward+backward needs, and on the device its time, the peak and how
 far each option's results are from the first entry's.
 
-An entry is "impl[:rows_dtype:rows_segments[:table_dtype]][@launch]": "scan" (plain autodiff through the token
-scan), "chunk" (the chunked op's memory-lean backward), "pallas" with `sparse_delta_rule`'s options of what its
-backward gets the rows from and what the table is stored in, and after "@" the token kernels' launch settings
+An entry is "impl[:rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]][@launch]": "scan" (plain autodiff
+through the token scan), "chunk" (the chunked op's memory-lean backward), "pallas" with `sparse_delta_rule`'s options
+of what its backward gets the rows from, what the table is stored in and what the backward stores the table's
+cotangent in, and after "@" the token kernels' launch settings
 "BVxWARPS/BVxWARPS" (block_v and num_warps of the forward, then of the backward; default 64x8/64x8): a launch sweep
 is entries that differ only there. The loss is sum(o * r_o), the final table unused as in
 training. Per entry: the bytes jax.vjp of the op keeps for its backward (m0 left out: it is the parameter, held
@@ -44,12 +45,13 @@ def parse_launch(text):
 
 
 def parse_entry(entry):
-  """'impl[:rows_dtype:rows_segments[:table_dtype]][@launch]' -> (impl, the op's keyword options)."""
+  """'impl[:rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]][@launch]' -> (impl, the op's keyword
+  options)."""
   entry, at, launch = entry.partition("@")
   impl, *rest = entry.split(":")
-  expected = (f"impl[:rows_dtype:rows_segments[:table_dtype]][@BVxWARPS/BVxWARPS] with impl one of {IMPLS} "
-              "(options and launch: pallas only)")
-  if impl not in IMPLS or len(rest) not in (0, 2, 3) or ((rest or at) and impl != "pallas"):
+  expected = (f"impl[:rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]][@BVxWARPS/BVxWARPS] with impl one "
+              f"of {IMPLS} (options and launch: pallas only)")
+  if impl not in IMPLS or len(rest) not in (0, 2, 3, 4) or ((rest or at) and impl != "pallas"):
     raise ValueError(f"entries: expected {expected}, got {entry + at + launch!r}")
   options = sdm_options(":".join(rest), "entries") if rest else {}
   if at:

@@ -27,14 +27,15 @@ class SparseDeltaMemory(RecurrentMixer):
 
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
   key_dim = the width of each sub-key (and of each query half), V = value_dim per head. rows_dtype and
-  rows_segments choose what impl="pallas" keeps for its backward, table_dtype what it stores the table in
-  (`ops.sparse_delta_rule`); address_impl how the slots are found (`ops.product_key_address`: "xla", the default,
-  or "pallas", its fused kernel, slower on the H200 so far).
+  rows_segments choose what impl="pallas" keeps for its backward, table_dtype what it stores the table in,
+  table_grad_dtype what its backward stores the table's cotangent in (`ops.sparse_delta_rule`); address_impl how
+  the slots are found (`ops.product_key_address`: "xla", the default, or "pallas", its fused kernel, slower on the
+  H200 so far).
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32", address_impl="xla",
-               dtype=jnp.float32, rngs):
+               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32",
+               table_grad_dtype="float32", address_impl="xla", dtype=jnp.float32, rngs):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
@@ -58,6 +59,7 @@ class SparseDeltaMemory(RecurrentMixer):
     self.topk_write, self.topk_read = topk_write, topk_read
     self.impl, self.chunk_size = impl, chunk_size
     self.rows_dtype, self.rows_segments, self.table_dtype = rows_dtype, rows_segments, table_dtype
+    self.table_grad_dtype = table_grad_dtype
     self.address_impl = address_impl
 
   def address(self, query, k):
@@ -87,7 +89,7 @@ class SparseDeltaMemory(RecurrentMixer):
     o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
                                      chunk_size=self.chunk_size, output_final_state=True,
                                      rows_dtype=self.rows_dtype, rows_segments=self.rows_segments,
-                                     table_dtype=self.table_dtype,
+                                     table_dtype=self.table_dtype, table_grad_dtype=self.table_grad_dtype,
                                      distinct_slots=True,  # product-key addressing picks k distinct slots
                                      # Only when packed: unpacked calls do not depend on the op taking it.
                                      **({} if segment_ids is None else {"segment_ids": segment_ids}))

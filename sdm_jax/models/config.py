@@ -27,7 +27,8 @@ def default_config():
   remat: what each block saves for the backward ("none", "block", "dots", "dots_kernels"; `lm.REMAT_POLICIES`),
   which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
   within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
-  sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster).
+  sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster);
+  sdm_table_grad_dtype "bfloat16" the table's cotangent in its Pallas backward (lossy gradients, fewer bytes).
   sdm_address_impl: how the SDM finds its slots ("xla", or "pallas": the fused product-key kernel, the same slots).
   sdm_key_dim is the width of each sub-key (each half of an SDM query). tie_embeddings: the output head is the
   token embedding (no head parameters).
@@ -56,6 +57,7 @@ def default_config():
   c.sdm_rows_dtype = "float32"
   c.sdm_rows_segments = 1
   c.sdm_table_dtype = "float32"
+  c.sdm_table_grad_dtype = "float32"
   c.sdm_address_impl = "xla"
   c.dtype = "float32"
   c.remat = "none"

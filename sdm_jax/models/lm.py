@@ -55,6 +55,7 @@ def make_mixer(letter, config, *, dtype, rngs):
                            topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.sdm_impl,
                            chunk_size=c.sdm_chunk_size, rows_dtype=c.get("sdm_rows_dtype", "float32"),
                            rows_segments=c.get("sdm_rows_segments", 1), table_dtype=c.get("sdm_table_dtype", "float32"),
+                           table_grad_dtype=c.get("sdm_table_grad_dtype", "float32"),
                            address_impl=c.get("sdm_address_impl", "xla"), dtype=dtype, rngs=rngs)
 
 

@@ -86,7 +86,7 @@ def _check_distinct(name, idx):
 
 def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
                       output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32",
-                      segment_ids=None, distinct_slots=False, launch=None):
+                      table_grad_dtype="float32", segment_ids=None, distinct_slots=False, launch=None):
   """The Sparse Delta Memory recurrence.
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
@@ -99,11 +99,13 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or saved for
   the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
   table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
-  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic). launch:
-  impl="pallas" only, the token kernels' (forward, backward) launch settings, each (block_v, num_warps), None for
-  the defaults (`sdm_jax.ops.sparse_pallas.check_launches`): a tuning knob, the results the same up to the order of
-  per-tile sums. These four raise ValueError with impl="scan" or "chunk"; impl="auto" off a GPU runs "chunk"
-  without them (fp32).
+  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
+  table_grad_dtype ("float32" or "bfloat16"): impl="pallas" only, what the backward stores the table's cotangent in
+  while it walks the tokens: bf16 rounds every row of it as it is stored (lossy gradients, the forward unchanged;
+  the gradient of m0 is returned in fp32). launch: impl="pallas" only, the token kernels' (forward, backward) launch
+  settings, each (block_v, num_warps), None for the defaults (`sdm_jax.ops.sparse_pallas.check_launches`): a tuning
+  knob, the results the same up to the order of per-tile sums. These five raise ValueError with impl="scan" or
+  "chunk"; impl="auto" off a GPU runs "chunk" without them (fp32).
   segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): equal nonzero ids in a run are
   one document, 0 is padding (after a row's last document). Each document starts from m0 (the row's, when m0 is
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
@@ -118,12 +120,13 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
   requested, impl = impl, check_options(impl, chunk_size)
-  pallas_defaults = check_rows_options(rows_dtype, rows_segments, table_dtype) == ("float32", "float32")
+  pallas_defaults = check_rows_options(rows_dtype, rows_segments, table_dtype, table_grad_dtype) == ("float32",) * 3
   check_launches(launch)
   if requested in ("scan", "chunk") and not (pallas_defaults and rows_segments == 1 and launch is None):
-    raise ValueError(f"rows_dtype, rows_segments, table_dtype, launch: options of impl='pallas' (or 'auto', which "
-                     f"picks 'pallas' on a GPU), got impl={requested!r} with rows_dtype={rows_dtype!r}, "
-                     f"rows_segments={rows_segments!r}, table_dtype={table_dtype!r}, launch={launch!r}")
+    raise ValueError(f"rows_dtype, rows_segments, table_dtype, table_grad_dtype, launch: options of impl='pallas' "
+                     f"(or 'auto', which picks 'pallas' on a GPU), got impl={requested!r} with rows_dtype="
+                     f"{rows_dtype!r}, rows_segments={rows_segments!r}, table_dtype={table_dtype!r}, table_grad_dtype="
+                     f"{table_grad_dtype!r}, launch={launch!r}")
   if not isinstance(distinct_slots, bool):
     raise ValueError(f"distinct_slots: expected True or False, got {distinct_slots!r}")
   dims = {}
@@ -162,7 +165,8 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
     # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
     # bits as the fp32 copies, without keeping them for the backward.
     o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
-                                   rows_segments=rows_segments, table_dtype=table_dtype, starts=starts,
+                                   rows_segments=rows_segments, table_dtype=table_dtype,
+                                   table_grad_dtype=table_grad_dtype, starts=starts,
                                    distinct_slots=distinct_slots, launch=launch)
   else:
     C = chunk_size

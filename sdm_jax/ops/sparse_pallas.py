@@ -18,7 +18,10 @@ forward from m0 for each earlier segment (the same bits; (K - 1) / 2 forwards mo
 table_dtype="bfloat16" stores the table itself in bf16 (each written row rounded as it is stored, the math in
 fp32): the kernels then move half the bytes, and the rows they save are bf16 copies of the table's, so the undo is
 exact. It changes the forward (lossy, like a bf16 state) and its gradients are those of the fp32 recurrence at the
-rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md.
+rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md. table_grad_dtype="bfloat16"
+stores the table's cotangent dM in bf16 while the backward walks the tokens (each row of dM rounded as it is stored,
+the math in fp32; dM0 of packed documents and the returned gradient of m0 stay fp32): dM is 4 of the backward's 5.5
+row sets with a bf16 table, so this cuts its bytes further. It changes only the gradients (lossy).
 
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
 XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
@@ -52,13 +55,15 @@ def _dtype_name(argument, value):
   return name
 
 
-def check_rows_options(rows_dtype, rows_segments, table_dtype="float32"):
-  """ValueError unless rows_dtype and table_dtype are among ROWS_DTYPES (names or dtypes) and rows_segments an
-  int >= 1. Returns (rows dtype name, table dtype name); a bf16 table saves its rows in bf16 whatever rows_dtype."""
+def check_rows_options(rows_dtype, rows_segments, table_dtype="float32", table_grad_dtype="float32"):
+  """ValueError unless rows_dtype, table_dtype and table_grad_dtype are among ROWS_DTYPES (names or dtypes) and
+  rows_segments an int >= 1. Returns (rows, table, table gradient dtype names); a bf16 table saves its rows in bf16
+  whatever rows_dtype."""
   rows_name, table_name = _dtype_name("rows_dtype", rows_dtype), _dtype_name("table_dtype", table_dtype)
+  grad_name = _dtype_name("table_grad_dtype", table_grad_dtype)
   if isinstance(rows_segments, bool) or not isinstance(rows_segments, int) or rows_segments < 1:
     raise ValueError(f"rows_segments: expected an int >= 1, got {rows_segments!r}")
-  return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name
+  return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name, grad_name
 
 
 DEFAULT_LAUNCHES = (DEFAULT_LAUNCH,) * 2  # the token kernels' (forward, backward) launch
@@ -274,24 +279,26 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13, 14))
 def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype,
-                         distinct, launch):
+                         table_grad_dtype, distinct, launch):
   return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed,
                   distinct=distinct, launch=launch)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, distinct, launch):
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, table_grad_dtype,
+         distinct, launch):
   return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed,
                   distinct, launch)
 
 
-def _bwd(rows_dtype, rows_segments, table_dtype, distinct, launch, residuals, cotangents):
+def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, launch, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.packed), the
   final table's cotangent splits between dM (the last run's write slots) and dM0 (elsewhere, where the final table
-  is m0), and the kernels add to dM0 as they go; the dM they leave is then 0."""
+  is m0), and the kernels add to dM0 as they go; the dM they leave is then 0. dM is held in table_grad_dtype, dM0
+  and the returned gradient of m0 in fp32."""
   d_o, d_final = cotangents
   r = residuals
   B, T = r.v.shape[:2]
@@ -306,6 +313,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, distinct, launch, residuals, co
   if r.packed is not None:
     last = r.packed.written_last[..., None]
     d_table, d_m0 = jnp.where(last, d_table, 0.0), jnp.where(last, 0.0, d_table)
+  d_table = d_table.astype(table_grad_dtype)
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
   pieces = []
   for k in reversed(range(len(bounds) - 1)):
@@ -327,7 +335,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, distinct, launch, residuals, co
                                                                                interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
   d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
-  d_m0 = d_table if d_m0 is None else d_m0
+  d_m0 = (d_table if d_m0 is None else d_m0).astype(jnp.float32)
   if r.m0 is not None and r.m0.ndim == 3:
     d_m0 = jnp.sum(d_m0, axis=0)
   return (d_m0, None, d_k_w, d_v.astype(r.v.dtype), d_g, d_beta, None, d_q_w, None)
@@ -347,16 +355,19 @@ def _pad_entries(idx, w):
 
 
 def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
-                        table_dtype="float32", starts=None, distinct_slots=False, launch=None):
+                        table_dtype="float32", table_grad_dtype="float32", starts=None, distinct_slots=False,
+                        launch=None):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
   but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
-  rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in (the
-  module docstring). starts: None or [B, T] bool, where packed documents start (each from m0; padding already
-  masked by the caller: `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no token lists
+  rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in;
+  table_grad_dtype: what the backward stores the table's cotangent in (the module docstring). starts: None or
+  [B, T] bool, where packed documents start (each from m0; padding already masked by the caller:
+  `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no token lists
   a slot twice in k_idx, nor in q_idx: the per-slot weights are then the entries' own, with no sort (not where W or R
   is padded, which repeats a slot). launch: None or the token kernels' (forward, backward) launch settings, each
   (block_v, num_warps) (`check_launches`)."""
-  rows_dtype, table_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype)
+  rows_dtype, table_dtype, table_grad_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype,
+                                                                 table_grad_dtype)
   launch = check_launches(launch)
   B, T, _, V = v.shape
   widths = k_idx.shape[-1], q_idx.shape[-1]
@@ -371,5 +382,5 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
   if packed is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
   o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments,
-                                  table_dtype, distinct, launch)
+                                  table_dtype, table_grad_dtype, distinct, launch)
   return o[..., :V], final[..., :V].astype(jnp.float32)

@@ -133,3 +133,24 @@ def test_default_config_has_every_field():
   config = default_config()
   assert fields <= set(config.keys())
   assert (config.width, config.num_layers, config.num_heads, config.head_dim) == (64, 2, 2, 32)
+
+
+def test_sdm_options_of_the_config_reach_the_op(monkeypatch):
+  """The SDM fields of the model config (the Pallas form's rows, table and table-gradient dtypes) are what the SDM
+  layer passes to ops.sparse_delta_rule."""
+  from sdm_jax import ops
+  seen = []
+  op = ops.sparse_delta_rule
+
+  def recording(*args, **kwargs):
+    seen.append({k: kwargs.get(k) for k in ("rows_dtype", "rows_segments", "table_dtype", "table_grad_dtype")})
+    return op(*args, **{**kwargs, "impl": "chunk", "rows_dtype": "float32", "rows_segments": 1,
+                        "table_dtype": "float32", "table_grad_dtype": "float32"})
+
+  monkeypatch.setattr(ops, "sparse_delta_rule", recording)
+  config = small_config("SM", sdm_rows_dtype="bfloat16", sdm_rows_segments=2, sdm_table_dtype="bfloat16",
+                        sdm_table_grad_dtype="bfloat16")
+  model = LanguageModel(config, rngs=nnx.Rngs(0))
+  assert np.isfinite(float(cross_entropy(model, tokens(0))))
+  assert seen == [{"rows_dtype": "bfloat16", "rows_segments": 2, "table_dtype": "bfloat16",
+                   "table_grad_dtype": "bfloat16"}]

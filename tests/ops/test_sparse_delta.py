@@ -182,6 +182,30 @@ def test_pallas_bf16_table():
   errors = {name: _rel(rounded[name], exact[name]) for name in FLOATS}
   assert all(error < 1e-2 for error in errors.values()), errors
 
+
+@pytest.mark.parametrize("table_dtype,packed", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_pallas_bf16_table_grad(table_dtype, packed):
+  """table_grad_dtype="bfloat16": the backward stores dM rounded to bf16. The forward is the same bits, the gradients
+  stay near the fp32 dM's (and moved: dM was rounded), the gradient of m0 is fp32; with a bf16 table and with packed
+  documents (dM0 stays fp32) and a replayed rows segment too."""
+  x = _inputs(27, T=40, N=64, V=32, W=16, R=16, decay=0.3)
+  kw = dict(impl="pallas", table_dtype=table_dtype)
+  if packed:
+    kw.update(rows_segments=2, segment_ids=jnp.asarray(np.repeat([[1] * 15 + [2] * 20 + [0] * 5], 2, axis=0)))
+  for a, b in zip(_run(x, jnp.float32, **kw), _run(x, jnp.float32, table_grad_dtype="bfloat16", **kw)):
+    assert np.array_equal(a, b)
+  exact = _grads(x, jnp.float32, **kw)
+  rounded = _grads(x, jnp.float32, table_grad_dtype="bfloat16", **kw)
+  errors = {name: _rel(rounded[name], exact[name]) for name in FLOATS}
+  assert all(error < 1e-2 for error in errors.values()), errors
+  assert errors["m0"] > 1e-5, errors
+
+  def m0_grad(m0):
+    args = {**_arrays(x), "m0": m0}
+    return jax.grad(lambda m: jnp.sum(sparse_delta_rule(**{**args, "m0": m}, table_grad_dtype="bfloat16", **kw)[0]))(m0)
+  assert jax.eval_shape(m0_grad, jnp.asarray(x["m0"], jnp.float32)).dtype == jnp.float32
+
+
 def test_pallas_rows_options_shrink_what_is_saved():
   """What jax.vjp keeps: bf16 halves the saved rows, K segments keep the last segment's; nothing else grows (m0, the
   replay's start, is the argument itself)."""
@@ -210,7 +234,7 @@ def test_segment_bounds():
 
 
 @pytest.mark.parametrize("option,value", [("rows_dtype", "float16"), ("rows_dtype", "int8"), ("rows_dtype", "fp32"),
-                                          ("table_dtype", "float16"),
+                                          ("table_dtype", "float16"), ("table_grad_dtype", "float16"),
                                           ("rows_segments", 0), ("rows_segments", 2.0), ("rows_segments", True)])
 @pytest.mark.parametrize("impl", ["chunk", "pallas"])
 def test_bad_rows_options_raise(option, value, impl):
@@ -262,7 +286,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
 
 
 @pytest.mark.parametrize("option,value", [("rows_dtype", "bfloat16"), ("rows_segments", 2), ("table_dtype", "bfloat16"),
-                                          ("launch", ((16, 4), (16, 4)))])
+                                          ("table_grad_dtype", "bfloat16"), ("launch", ((16, 4), (16, 4)))])
 @pytest.mark.parametrize("impl", ["scan", "chunk"])
 def test_pallas_options_are_refused_by_the_other_impls(option, value, impl):
   args = _arrays(_inputs(26, T=5))

@@ -54,6 +54,7 @@ def test_bf16_table_lowers_for_cuda():
   args = (table, TABLE, idx, x(128), x(128), x(128), x(), x(), x(V), idx, x(128), x(128), x(128, V, dtype=jnp.bfloat16),
           x(V))
   assert _lowers_for_cuda(sparse_tokens_bwd, args)
+  assert _lowers_for_cuda(sparse_tokens_bwd, (table, table, *args[2:]))  # table_grad_dtype="bfloat16": dM in bf16
 
 
 @pytest.mark.parametrize("shared,table_dtype,rows_dtype,rows_from,save_rows", [
