@@ -62,8 +62,8 @@ def test_bf16_table_lowers_for_cuda():
     (True, jnp.bfloat16, jnp.bfloat16, 20, True), (True, jnp.bfloat16, jnp.float32, 0, False)])
 def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save_rows):
   """The packed variants (m0 given, DESIGN.md section 9): coded indices, rows loaded from the table or m0 under
-  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table, from a later
-  token, and the forward that saves nothing."""
+  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table (and bf16 dM),
+  from a later token, and the forward that saves nothing."""
   T, W = 37, 128
   m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), jnp.float32)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
@@ -73,7 +73,8 @@ def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save
   x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
   rows = jax.ShapeDtypeStruct((B, H, L, W, V), rows_dtype)
-  args = (table, TABLE, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
+  d_table = table  # a bf16 table with its dM in bf16 too (table_grad_dtype), dM0 fp32
+  args = (table, d_table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
   backward = lambda m, d_m0, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0)
   assert _lowers_for_cuda(backward, (m0, TABLE, *args))
 
