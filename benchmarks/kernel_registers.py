@@ -2,10 +2,12 @@
 `pallas_kernels.sparse_tokens` were chosen in session 19 (2026-12-02). Two steps, two interpreters:
 
     .venv/bin/python benchmarks/kernel_registers.py dump DIR ["{'bwd': {'block_v': 64, 'num_warps': 8}}"]
+    .venv/bin/python benchmarks/kernel_registers.py dump DIR "{'table': 'bfloat16', 'd_table': 'bfloat16'}"
     <python with triton>  benchmarks/kernel_registers.py compile DIR/bwd.ttir WARPS
 
 `dump` lowers the kernels (forward without and with saved rows, backward, packed backward) for an abstract H200 at
-the paper layer's shape but T = 64 and writes each one's Triton IR (text) to DIR; `compile` compiles one with a
+the paper layer's shape but T = 64 (the table, its rows and dM in fp32 unless 'table' / 'd_table' say bfloat16) and
+writes each one's Triton IR (text) to DIR; `compile` compiles one with a
 Triton install (3.6 here, a CPU-only torch environment's: jaxlib's own Triton is newer, so its register counts
 differ by a few: 166 here against Nsight Compute's 176 for one kernel) and prints cuobjdump's resource usage
 (REG: registers a thread, STACK: spilled bytes). A program of WARPS warps at REG registers fits
@@ -37,19 +39,20 @@ def dump(out, settings="{}"):
   settings = ast.literal_eval(settings)
   B, H, N, V, T, W, R = 4, 2, 65536, 1024, 64, 128, 128
   S, f32, i32, bf16 = jax.ShapeDtypeStruct, jnp.float32, jnp.int32, jnp.bfloat16
-  table, m0 = S((B, H, N, V), f32), S((H, N, V), f32)
+  table, m0 = S((B, H, N, V), settings.get("table", f32)), S((H, N, V), f32)
+  d_table, rows_dtype = S(table.shape, settings.get("d_table", f32)), table.dtype
   per_token = lambda *shape, dtype=f32: S((B, H, T, *shape), dtype)
   forward = [table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(), per_token(),
              per_token(V, dtype=bf16), per_token(R, dtype=i32), per_token(R)]
-  backward = [table, table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(W), per_token(),
+  backward = [table, d_table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(W), per_token(),
               per_token(), per_token(V, dtype=bf16), per_token(R, dtype=i32), per_token(R), per_token(W),
-              per_token(W, V), per_token(V, dtype=bf16)]
+              per_token(W, V, dtype=rows_dtype), per_token(V, dtype=bf16)]
   fwd, bwd = settings.get("fwd", {}), settings.get("bwd", {})
   kernels = {
       "fwd_nosave": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=False, **fwd), forward),
-      "fwd_save": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=True, **fwd), forward),
+      "fwd_save": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=True, **{"rows_dtype": rows_dtype, **fwd}), forward),
       "bwd": (lambda *a: st.sparse_tokens_bwd(*a, **bwd), backward),
-      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(*a[:-2], m0=a[-2], d_m0=a[-1], **bwd), backward + [m0, table]),
+      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(*a[:-2], m0=a[-2], d_m0=a[-1], **bwd), backward + [m0, S(table.shape, f32)]),
   }
   os.makedirs(out, exist_ok=True)
   registration.lowering.lower_jaxpr_to_triton_module = capture
