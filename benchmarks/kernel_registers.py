@@ -52,7 +52,8 @@ def dump(out, settings="{}"):
       "fwd_nosave": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=False, **fwd), forward),
       "fwd_save": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=True, **{"rows_dtype": rows_dtype, **fwd}), forward),
       "bwd": (lambda *a: st.sparse_tokens_bwd(*a, **bwd), backward),
-      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(*a[:-2], m0=a[-2], d_m0=a[-1], **bwd), backward + [m0, S(table.shape, f32)]),
+      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(*a[:-2], m0=a[-2], d_m0=a[-1], **bwd),
+                     backward + [m0, S(table.shape, f32)]),
   }
   os.makedirs(out, exist_ok=True)
   registration.lowering.lower_jaxpr_to_triton_module = capture

@@ -151,8 +151,8 @@ def test_sdm_memory_launch_entries(tmp_path):
   assert "| pallas:float32:1:bfloat16@16x4/16x2 |" in markdown
   from sdm_jax.benchmarking.sdm_memory import parse_entry
   assert parse_entry("pallas@32x4/64x8") == ("pallas", {"launch": ((32, 4), (64, 8))})
-  assert parse_entry("pallas:float32:1:bfloat16:bfloat16") == (
-      "pallas", {"rows_dtype": "float32", "rows_segments": 1, "table_dtype": "bfloat16", "table_grad_dtype": "bfloat16"})
+  assert parse_entry("pallas:float32:1:bfloat16:bfloat16") == ("pallas", {
+      "rows_dtype": "float32", "rows_segments": 1, "table_dtype": "bfloat16", "table_grad_dtype": "bfloat16"})
   for bad in ("chunk@64x8/64x8", "pallas@64x8", "pallas@64x7/64x8", "pallas@8x8/64x8", "pallas:float32@64x8/64x8",
               "pallas:float32:1:float32:float16", "pallas:float32:1:float32:float32:float32"):
     with pytest.raises(ValueError, match="entries"):
