@@ -17,7 +17,8 @@ The backward walks the tokens in reverse with the table cotangent dM in place. P
   1. the read: d_rho[r] = <M_t[J_t[r]], dO_t>, dM[J_t] += rho_slot dO_t;
   2. the write, from the saved rows P = M_{t-1}[I_t]: with dM_t = dM[I_t] (after 1.: the rows gathered with the
      read's, before it, plus k_read dO_t, k_read the read's weight of each write entry's slot, 0 where the token does
-     not read it: one memory round trip a token, the read's rows and the write's) and e = exp(g_t),
+     not read it: one memory round trip a token, the read's rows and the write's; the packed variant gathers
+     dM_t after 1.'s store instead) and e = exp(g_t),
      dd = sum_w kappa[w] dM_t[w], dv = beta dd, d_beta = <dd, v - r>, dr = -beta dd,
      d_kappa[w] = <dM_t[w], d> + <e P[w], dr>, dM[I_t] = e (dM_t + kappa_slot dr) (the cotangent of
      M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
@@ -246,6 +247,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
   inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
                 beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, k_read=k_read_ref, d_o=d_o_ref)
+  if packed:  # gathers dM at the write slots after the read's store: no k_read
+    del inputs["k_read"]
   ahead = lambda t: _token_inputs(jnp.maximum(t, 0), **inputs)
 
   def token(t, x):
@@ -256,17 +259,18 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     q_rows, q_fresh = rows_at(x["q_idx"])
     d_o = x["d_o"].astype(f32)
     # Every row the token reads, in one round trip: M_t and dM at the read slots (packed: dM0's part at the stale
-    # ones), dM at the write slots before the read's addition, which k_read supplies (a slot the token reads is
-    # fresh for its read, so that addition is dM's, never dM0's).
+    # ones), and, unpacked, dM at the write slots before the read's addition, which k_read supplies. Packed, those
+    # and m0's rows are gathered after the read's store: gathered in this round trip they spilled registers (544
+    # bytes a thread offline, against 16 this way) and the packed op ran 146 ms fwd+bwd against 99 (H100,
+    # benchmarks/sdm/2026-12-06_h100_s24_packed_sdm_vs_9f3ee0e.md).
     read = math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh)
     d_read = _table_rows(d_table_ref, q_rows, q_fresh).astype(f32)
-    k_read = x["k_read"][:, None]
-    d_written = d_table_ref[k_rows].astype(f32)
-    d_written = jnp.where(k_read != 0, d_written + k_read * d_o, d_written)
-    found = math_rows(found_raw, k_rows, k_fresh)  # packed: m0's rows at stale slots, loaded with the others
     if packed:
       d_m0_read = _table_rows(d_m0_ref[0], q_rows, ~q_fresh)
-      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
+    else:
+      k_read = x["k_read"][:, None]
+      d_written = d_table_ref[k_rows].astype(f32)
+      d_written = jnp.where(k_read != 0, d_written + k_read * d_o, d_written)
     # 1. The read of token t, on M_t; its cotangent is stored once every row above has been read (a slot listed
     # twice, or both read and written).
     d_q_w_ref[t, :] = jnp.sum(read * d_o, axis=1)
@@ -277,7 +281,11 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
       pltriton.store(d_m0_ref[0].at[q_rows], d_m0_read + delta, mask=~q_fresh)
     else:
       d_table_ref[q_rows] = (d_read + delta).astype(d_table_ref.dtype)
-    # 2. The write of token t, from the rows it found.
+    # 2. The write of token t, from the rows it found (packed: m0's at stale slots).
+    found = math_rows(found_raw, k_rows, k_fresh)
+    if packed:  # dM at the write slots, the read's addition included
+      barrier()
+      d_written = d_table_ref[k_rows].astype(f32)
     decay, beta = x["decay"], x["beta"]
     k_w = x["k_w"][:, None]
     decayed = decay * found
@@ -289,6 +297,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_k_w_ref[t, :] = jnp.sum(d_written * (beta * v_r) + decayed * dr, axis=1)
     d_found = decay * (d_written + x["k_slot"][:, None] * dr)
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
+    if packed:
+      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
     barrier()  # a slot both read and written: the write's cotangent lands last
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
       d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0).astype(d_table_ref.dtype)
@@ -321,7 +331,8 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
   [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
   a run wrote (its first write there was stale); a backward over tokens lo..hi-1 alone takes those tokens' slices
-  and the raw table after token hi - 1, as unpacked."""
+  and the raw table after token hi - 1, as unpacked. k_read is not read (it gathers dM at the write slots after the
+  read's store)."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]

@@ -264,7 +264,8 @@ def _backward_tokens(residuals, d_o, distinct):
   # Distinct slots: every entry is its slot's first.
   k_first = jnp.ones_like(k_w) if distinct else _heads(_slot_groups(r.k_idx)[1].astype(jnp.float32))
   q_slot = _summed_within_token(r.q_idx, r.q_w, distinct)
-  k_read = read_at_writes(r.k_idx, r.q_idx, q_slot, distinct)
+  # The packed kernel gathers dM at the write slots after the read's store and takes no k_read (zeros here).
+  k_read = jnp.zeros_like(r.k_w) if r.packed is not None else read_at_writes(r.k_idx, r.q_idx, q_slot, distinct)
   return BackwardTokens(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, _heads(q_slot), _heads(k_read),
                         _heads(d_o))
 

@@ -254,10 +254,13 @@ def test_bad_launch_raises(launch):
 @pytest.mark.parametrize("segments", [False, True])
 def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch):
   """Two value tiles of 16 columns and fewer warps against the default launch (one tile of 32): o, the final table
-  and the gradients of m0 and v (per value column) are the same bits; the per-entry and per-token gradients (sums
-  over the tiles) agree to fp32 rounding. With packed documents and a replayed rows segment, the other kernels'
-  launches. Every kernel call gets its launch (forward, the replay's forward, backward)."""
+  and the gradients of m0 and v (per value column) are the same bits in interpret mode; the per-entry and per-token
+  gradients (sums over the tiles) agree to fp32 rounding. On a GPU the per-column values agree to fp32 rounding too:
+  Triton sums a tile's rows in an order set by its warp layout (o differed by 2 ulp on an H100, session 24). With
+  packed documents and a replayed rows segment, the other kernels' launches. Every kernel call gets its launch
+  (forward, the replay's forward, backward)."""
   from sdm_jax.ops import sparse_pallas
+  same = np.array_equal if sparse_pallas.interpret() else lambda a, b: _rel(b, a) < 1e-6
   launches = []
   def recording(kernel, name):
     def call(*args, **kwargs):
@@ -272,7 +275,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
     kw.update(rows_segments=2, segment_ids=jnp.asarray(np.repeat([[1] * 5 + [2] * 7], 2, axis=0)))
   launch = ((16, 4), (16, 2))
   for a, b in zip(_run(x, jnp.float32, **kw), _run(x, jnp.float32, launch=launch, **kw)):
-    assert np.array_equal(a, b)
+    assert same(a, b)
   launches.clear()
   default, tiled = _grads(x, jnp.float32, **kw), _grads(x, jnp.float32, launch=launch, **kw)
   calls = {"fwd": 2 if segments else 1, "bwd": 2 if segments else 1}  # a replayed segment: a forward and a backward
@@ -280,7 +283,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
   expected += [("fwd", 16, 4)] * calls["fwd"] + [("bwd", 16, 2)] * calls["bwd"]
   assert sorted(launches) == sorted(expected)
   for name in ("m0", "v"):
-    assert np.array_equal(default[name], tiled[name]), name
+    assert same(default[name], tiled[name]), name
   for name in ("k_w", "q_w", "g", "beta"):
     assert _rel(tiled[name], default[name]) < 1e-6, name
 
@@ -450,9 +453,13 @@ def test_backward_memory_does_not_grow_with_t_times_n(impl):
   assert plain[1] - plain[0] > 20 * (long - short)
 
 
+@pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
+                   reason="XLA's GPU backend keeps three table-sized copies of the chunked form (an optimization "
+                          "barrier's, a scatter fusion's, m0's): sessions 17, 19, 24; impl='auto' runs Pallas there")
 def test_no_table_copy_per_chunk():
   """Forward and backward update the [B, H, N, V] table in place: the compiled program copies a
-  table-sized buffer at most once (the argument it must not overwrite), never once per chunk."""
+  table-sized buffer at most once (the argument it must not overwrite), never once per chunk. Holds on the CPU
+  backend (CI); on a GPU it is an expected failure, still run, so that a fix shows."""
   B, T, H, N, V, W = 1, 64, 2, 4099, 8, 4
   rng = np.random.default_rng(0)
   idx = lambda: jnp.asarray(rng.integers(0, N, (B, T, H, W)), jnp.int32)
