@@ -5,7 +5,7 @@ byte floor of the update), with no per-chunk algebra: at the H200 bench shape th
 coefficients and re-gathered rows cost more than the rows themselves (benchmarks/, 2026-11-30). Here XLA
 forms the per-token weights the kernels need (a slot's summed weight within its token and its first entry, from a
 sort of each token's entries; with distinct slots, the entries' own weights, every entry first; for the backward,
-each write slot's read weight at its token, `read_at_writes`), and a custom_vjp
+each write slot's read weight at its token, `read_at_writes`, unpacked only), and a custom_vjp
 saves the rows each token found before its write (T x W x V per head) for the backward kernel, which undoes the
 writes in reverse.
 
@@ -21,7 +21,9 @@ exact. It changes the forward (lossy, like a bf16 state) and its gradients are t
 rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md. table_grad_dtype="bfloat16"
 stores the table's cotangent dM in bf16 while the backward walks the tokens (each row of dM rounded as it is stored,
 the math in fp32; dM0 of packed documents and the returned gradient of m0 stay fp32): dM is 4 of the backward's 5.5
-row sets with a bf16 table, so this cuts its bytes further. It changes only the gradients (lossy).
+row sets with a bf16 table, so this cuts its bytes further (the op's forward+backward 64.2 -> 52.7 ms with a bf16
+table, the hybrid's step 1.60x -> 1.44x the dense GDN model's: H100, benchmarks/sdm/README.md, session 24). It
+changes only the gradients (lossy).
 
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
 XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
