@@ -39,7 +39,8 @@ def dump(out, settings="{}"):
   settings = ast.literal_eval(settings)
   B, H, N, V, T, W, R = 4, 2, 65536, 1024, 64, 128, 128
   S, f32, i32, bf16 = jax.ShapeDtypeStruct, jnp.float32, jnp.int32, jnp.bfloat16
-  table, m0 = S((B, H, N, V), settings.get("table", f32)), S((H, N, V), f32)
+  table = S((B, H, N, V), settings.get("table", f32))
+  m0 = S((H, N, V), table.dtype)  # the packed kernels read m0 in the table's dtype (sparse_pallas._stale_rows)
   d_table, rows_dtype = S(table.shape, settings.get("d_table", f32)), table.dtype
   per_token = lambda *shape, dtype=f32: S((B, H, T, *shape), dtype)
   forward = [table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(), per_token(),

@@ -199,7 +199,8 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
   settings (the H200 bench shape, B 4, T 4096, H 2, V 1,024, inputs loaded a token ahead): block_v 64 with 8 warps
   18.3 ms for the forward alone, 32 with 4 19.4 (benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
-  Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V] fp32 (table holds it at t = 0), k_idx and
+  Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V], fp32 or table's dtype (its rows are rounded
+  to that dtype as they are loaded; table holds m0 at t = 0), k_idx and
   q_idx coded (~slot where the token's run has not written the slot); the rows saved are the raw table's, the
   final table raw."""
   B, H, N, V = table.shape

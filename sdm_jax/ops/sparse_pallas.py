@@ -207,6 +207,13 @@ def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
   return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
 
+def _stale_rows(m0, packed, table_dtype):
+  """What the packed kernels read stale rows from: m0 in the table's dtype, as a table of that dtype holds it (the
+  kernels round its rows to that dtype anyway, so a bf16 table loads half the bytes for the same bits); None
+  unpacked."""
+  return None if packed is None else m0.astype(table_dtype)
+
+
 def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct):
   """`_forward_args`, packed with the coded indices in place of the slots."""
   args = _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, distinct)
@@ -223,10 +230,11 @@ def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPE
   B, T = v.shape[:2]
   bounds = segment_bounds(T, rows_segments)
   args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
-  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=None if packed is None else m0,
-                                    save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
-                                    **launch[0]._asdict(), interpret=interpret())
-  final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, m0.astype(table_dtype))
+  stale_rows = _stale_rows(m0, packed, table_dtype)
+  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=stale_rows, save_rows=save,
+                                    rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], **launch[0]._asdict(),
+                                    interpret=interpret())
+  final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, stale_rows.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
   keep_m0 = len(bounds) > 2 or packed is not None
@@ -318,6 +326,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
     d_table, d_m0 = jnp.where(last, d_table, 0.0), jnp.where(last, 0.0, d_table)
   d_table = d_table.astype(table_grad_dtype)
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
+  stale_rows = _stale_rows(r.m0, r.packed, table_dtype)
   pieces = []
   for k in reversed(range(len(bounds) - 1)):
     lo, hi = bounds[k], bounds[k + 1]
@@ -326,14 +335,14 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
       # rows of both segments at once.
       d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))
       table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         m0=None if r.packed is None else m0, rows_dtype=jnp.dtype(rows_dtype),
+                                         m0=_stale_rows(m0, r.packed, table_dtype), rows_dtype=jnp.dtype(rows_dtype),
                                          rows_from=lo, **launch[0]._asdict(), interpret=interpret())
     args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
     if r.packed is None:
       table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, **launch[1]._asdict(),
                                                                          interpret=interpret())
     else:
-      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(*args, m0=r.m0, d_m0=d_m0,
+      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(*args, m0=stale_rows, d_m0=d_m0,
                                                                                **launch[1]._asdict(),
                                                                                interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))

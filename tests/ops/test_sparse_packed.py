@@ -145,6 +145,25 @@ def test_packed_bf16_table_near_documents_alone(x64):
   assert all(1e-4 < e < 1e-2 for e in errors.values()), errors
 
 
+def test_packed_kernels_read_m0_in_the_table_dtype(monkeypatch):
+  """With a bf16 table the packed kernels get m0 in bf16 (half the bytes of its stale rows): the same bits as m0 in
+  fp32, which the kernels round to bf16 as they load it (forward, the replay of a rows segment, backward)."""
+  from sdm_jax.ops import sparse_pallas
+  x, r_o, r_s = _inputs(2, True)
+  run = lambda: _loss_and_grads(x, r_o, r_s, jnp.float32, impl="pallas", segment_ids=_segment_ids(LAYOUT),
+                                table_dtype="bfloat16", rows_segments=2)
+  calls = []
+  stale_rows = sparse_pallas._stale_rows
+  monkeypatch.setattr(sparse_pallas, "_stale_rows", lambda *a: calls.append(stale_rows(*a).dtype) or stale_rows(*a))
+  o, final, grads = run()
+  assert calls and all(dtype == jnp.bfloat16 for dtype in calls), calls
+  monkeypatch.setattr(sparse_pallas, "_stale_rows", lambda m0, packed, dtype: None if packed is None else m0)
+  o32, final32, grads32 = run()
+  assert np.array_equal(o, o32) and np.array_equal(final, final32)
+  for k in grads:
+    assert np.array_equal(grads[k], grads32[k]), k
+
+
 @pytest.mark.parametrize("impl", ["scan", "chunk", "pallas"])
 def test_one_document_is_the_unpacked_op(impl):
   """Rows that are one document each (ids 3 and 1): the unpacked op, bit for bit (forward; m0 shared). The packed

@@ -62,10 +62,10 @@ def test_bf16_table_lowers_for_cuda():
     (True, jnp.bfloat16, jnp.bfloat16, 20, True), (True, jnp.bfloat16, jnp.float32, 0, False)])
 def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save_rows):
   """The packed variants (m0 given, DESIGN.md section 9): coded indices, rows loaded from the table or m0 under
-  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table (and bf16 dM),
-  from a later token, and the forward that saves nothing."""
+  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table (and bf16 dM
+  and m0, as `sparse_pallas` passes it), from a later token, and the forward that saves nothing."""
   T, W = 37, 128
-  m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), jnp.float32)
+  m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), table_dtype)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
   forward = lambda m, *a: sparse_tokens_fwd(*a, m0=m, save_rows=save_rows, rows_dtype=rows_dtype, rows_from=rows_from)
   assert _lowers_for_cuda(forward, (m0, table, *_forward_args(T, W)[1:]))
