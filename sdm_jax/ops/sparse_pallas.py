@@ -333,10 +333,10 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
     if hi < T:
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
-      d_table, d_m0, m0 = jax.lax.optimization_barrier((d_table, d_m0, r.m0))
+      d_table, d_m0, m0, stale_rows = jax.lax.optimization_barrier((d_table, d_m0, r.m0, stale_rows))
       table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         m0=_stale_rows(m0, r.packed, table_dtype), rows_dtype=jnp.dtype(rows_dtype),
-                                         rows_from=lo, **launch[0]._asdict(), interpret=interpret())
+                                         m0=stale_rows, rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
+                                         **launch[0]._asdict(), interpret=interpret())
     args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
     if r.packed is None:
       table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, **launch[1]._asdict(),
