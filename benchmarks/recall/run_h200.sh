@@ -19,9 +19,12 @@
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 # MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
-# trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); more were not tried.
+# trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran ten 3,000-step
+# NIAH-2 runs in 291 s, 82-170 s each (session 25). CARD_SHARES=m: several of these scripts at once, each with its
+# own OUT, m processes in all (each gets 0.9 / m of the card's memory).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+# (installed once per machine: several of these scripts may run at once, CARD_SHARES below)
+[ -d /tmp/site/grain ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 RES=runs/recall
@@ -39,12 +42,14 @@ run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.
 }
 sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 3) processes share the GPU, each a shard of the runs
   local limit=$1 name=$2 n=${PARALLEL:-3} i; shift 2
+  # These models use a sliver of the card: each process gets 0.9 / n of its memory instead of the default 0.75
+  # (CARD_SHARES=m: 0.9 / m, for several of these scripts at once, each with its own OUT, sharing m processes).
+  local fraction; fraction=$(python3 -c "print(round(0.9 / ${CARD_SHARES:-$n}, 3))")
   if [ "$n" -le 1 ]; then
-    run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@"
+    (if [ -n "${CARD_SHARES:-}" ]; then export XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction; fi
+     run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@")
     return
   fi
-  # These models use a sliver of the card: each process gets 0.9 / n of its memory instead of the default 0.75.
-  local fraction; fraction=$(python3 -c "print(round(0.9 / $n, 3))")
   echo "== $n shards, each: python3 -m experiments.sweep --in_process --shard=i/$n --workdir=$RES/$name $* (limit ${limit}s)" \
     | tee -a "$OUT/log.txt"
   for i in $(seq 0 $((n - 1))); do

@@ -34,6 +34,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import ml_collections
@@ -278,9 +279,13 @@ def _read_json(path):
 
 def _write_json(path, value):
   path = pathlib.Path(path)
-  partial = path.with_name(path.name + ".tmp")
-  partial.write_text(json.dumps(value, indent=2, default=_jsonable) + "\n")
-  partial.replace(path)
+  # A temporary file of its own per call: the shards of one sweep (--shard) write sweep.json at the same time.
+  text = json.dumps(value, indent=2, default=_jsonable) + "\n"
+  handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  os.fchmod(handle, 0o644)
+  with os.fdopen(handle, "w") as f:
+    f.write(text)
+  os.replace(partial, path)
 
 
 def _jsonable(value):

@@ -3,6 +3,7 @@ and files."""
 
 import json
 import shutil
+import threading
 import math
 import re
 
@@ -138,6 +139,28 @@ def test_shards_split_one_sweep_between_processes(demo, tmp_path):
     with pytest.raises(ValueError, match="--shard"):
       sweep.parse_shard(text)
   assert sweep.parse_shard("2/3") == (2, 3)
+
+
+def test_shards_writing_the_sweep_file_at_once_do_not_collide(tmp_path):
+  # The shards of one sweep write sweep.json at the same moment; with one shared temporary name one writer's rename
+  # took the other's file away (FileNotFoundError on the H100, session 25).
+  path, errors = tmp_path / sweep.SWEEP, []
+
+  def writer(index):
+    try:
+      for i in range(50):
+        sweep._write_json(path, {"writer": index, "i": i})
+    except OSError as error:
+      errors.append(error)
+
+  threads = [threading.Thread(target=writer, args=(index,)) for index in range(8)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors
+  assert json.loads(path.read_text())["i"] == 49
+  assert [p.name for p in tmp_path.iterdir()] == [sweep.SWEEP]  # no temporary file left
 
 
 def test_a_failed_run_costs_only_itself(demo, tmp_path):
