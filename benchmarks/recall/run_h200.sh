@@ -26,6 +26,10 @@ set -u
 # (installed once per machine: several of these scripts may run at once, CARD_SHARES below)
 [ -d /tmp/site/grain ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+# DETERMINISTIC=1: XLA's deterministic GPU algorithms (scatter-adds without atomics). Without it the same seed run in
+# two calls has given different results (S-NIAH-2 GDN seed 2: 0.089 and 0.225, session 25); whether this flag makes
+# the runs bit-reproducible, and what it costs, is not measured yet.
+if [ -n "${DETERMINISTIC:-}" ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"; fi
 OUT=${OUT:-/tmp/out}
 RES=runs/recall
 mkdir -p "$OUT" "$RES"
