@@ -30,6 +30,7 @@
 #   train       train: the KDA reference model against fla's KDA, one process each
 #   sdm_train   train: the SDM hybrid (fp32 table, bf16 table, bf16 table and gradient) against the dense GDN model
 #   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with those table dtypes
+#   corpus      issue 23's show: GDN-2 at the 340M shape, packed documents, on the stdlib corpus (resumable)
 #   mqar        the default MQAR trained with every dense mixer
 #   mqar_small  a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
 set -u
@@ -158,6 +159,16 @@ for step in ${*:-compare bench sdm mqar}; do
       done
       run 30 python3 -m experiments.summarize_runs --workdirs="$(IFS=,; echo "${workdirs[*]}")" \
         --out="$RES/sdm_table_summary" ;;
+    corpus)  # issue 23's show: GDN-2 at the 340M shape on the stdlib corpus (carry data/stdlib32k), documents packed,
+      # CORPUS_STEPS (default 3000) steps; SIGTERM at the limit checkpoints at a step boundary, and the same call on
+      # the warm machine resumes it (the workdir is under runs/, kept between calls); metrics and log in $RES
+      run "${CORPUS_LIMIT:-540}" python3 -m experiments.train --config=experiments/configs/paper.py:gdn2_340m,data/stdlib32k \
+        --workdir=runs/corpus_gdn2_340m --config.data.batch_size=4 --config.train.steps="${CORPUS_STEPS:-3000}" \
+        --config.train.warmup_steps=200 --config.train.learning_rate=6e-4 --config.train.eval_every=500 \
+        --config.train.checkpoint_every=250 --config.train.log_every=50
+      mkdir -p "$RES/corpus_gdn2_340m"
+      cp runs/corpus_gdn2_340m/*.json* runs/corpus_gdn2_340m/*.png "$RES/corpus_gdn2_340m/" 2>/dev/null
+      tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints . ;;
     mqar)
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;
