@@ -19,9 +19,11 @@
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 # MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
-# trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran ten 3,000-step
-# NIAH-2 runs in 291 s, 82-170 s each (session 25). CARD_SHARES=m: several of these scripts at once, each with its
-# own OUT, m processes in all (each gets 0.9 / m of the card's memory).
+# trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran eight 3,000-step
+# NIAH-2 runs (two to a shard; the fifth shard had crashed) in 291 s, 82-170 s each (session 25). CARD_SHARES=m:
+# several of these scripts at once, each with its own OUT, m processes in all (each gets 0.9 / m of the card's
+# memory); wait for them with `wait`, not `pgrep -f`, which matches the device command's own line.
+# DETERMINISTIC=1: XLA's deterministic GPU ops (below).
 set -u
 # (installed once per machine: several of these scripts may run at once, CARD_SHARES below)
 [ -d /tmp/site/grain ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
