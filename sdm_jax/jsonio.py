@@ -1,9 +1,12 @@
 """JSON that every reader accepts: non-finite numbers become null (json.dumps would write NaN and Infinity,
-which are not JSON), NumPy scalars become Python numbers."""
+which are not JSON), NumPy scalars become Python numbers; and files written whole or not at all."""
 
 import json
 import math
 import numbers
+import os
+import pathlib
+import tempfile
 
 
 def finite(value):
@@ -25,3 +28,15 @@ def finite(value):
 def dumps(value, **kwargs):
   """json.dumps of finite(value); raises ValueError rather than write a non-finite number."""
   return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+def replace_text(path, text):
+  """Writes `text` to `path` whole or not at all: through a temporary file of its own in the same directory (so
+  that writers of one file at the same time, e.g. the shards of a sweep, do not take each other's away), then a
+  rename over `path`."""
+  path = pathlib.Path(path)
+  handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  os.fchmod(handle, 0o644)
+  with os.fdopen(handle, "w") as f:
+    f.write(text)
+  os.replace(partial, path)

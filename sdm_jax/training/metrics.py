@@ -31,9 +31,7 @@ class MetricsLog:
     lines = self.path.read_text().splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
     if len(kept) != len(lines):
-      partial = self.path.with_suffix(".jsonl.tmp")
-      partial.write_text("".join(line + "\n" for line in kept))
-      partial.replace(self.path)
+      jsonio.replace_text(self.path, "".join(line + "\n" for line in kept))
 
   def read(self):
     if not self.path.exists():

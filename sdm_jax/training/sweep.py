@@ -34,13 +34,13 @@ import pathlib
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import ml_collections
 from absl import flags
 from ml_collections.config_flags import tuple_parser
 
+from sdm_jax import jsonio
 from sdm_jax.training.config import ConfigError, close_names
 from sdm_jax.training.workdir import checkpoint_steps
 
@@ -278,14 +278,7 @@ def _read_json(path):
 
 
 def _write_json(path, value):
-  path = pathlib.Path(path)
-  # A temporary file of its own per call: the shards of one sweep (--shard) write sweep.json at the same time.
-  text = json.dumps(value, indent=2, default=_jsonable) + "\n"
-  handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-  os.fchmod(handle, 0o644)
-  with os.fdopen(handle, "w") as f:
-    f.write(text)
-  os.replace(partial, path)
+  jsonio.replace_text(path, json.dumps(value, indent=2, default=_jsonable) + "\n")
 
 
 def _jsonable(value):

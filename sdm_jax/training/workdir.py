@@ -19,6 +19,7 @@ import shutil
 import jax
 import ml_collections
 
+from sdm_jax import jsonio
 from sdm_jax.training.config import RESUMABLE_FIELDS, config_differences
 
 CONFIG = "config.json"
@@ -81,9 +82,7 @@ def start(workdir, config, *, overwrite=False):
   if overwrite or not checkpoint_steps(workdir):
     clear(workdir, directories=overwrite)
   workdir.mkdir(parents=True, exist_ok=True)
-  partial = workdir / (CONFIG + ".tmp")
-  partial.write_text(config.to_json_best_effort(indent=2))
-  partial.replace(workdir / CONFIG)
+  jsonio.replace_text(workdir / CONFIG, config.to_json_best_effort(indent=2))
 
 
 def clear(workdir, *, directories=True):
