@@ -31,6 +31,7 @@
 #   sdm_train   train: the SDM hybrid (fp32 table, bf16 table, bf16 table and gradient) against the dense GDN model
 #   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with those table dtypes
 #   corpus      issue 23's show: GDN-2 at the 340M shape, packed documents, on the stdlib corpus (resumable)
+#   corpus_nopack  the same program with packing off, for its tokens/s (CORPUS_NOPACK_STEPS, default 200)
 #   mqar        the default MQAR trained with every dense mixer
 #   mqar_small  a smaller MQAR (vocab 256, 8 pairs, 64 tokens) trained long enough to show recall is learned
 set -u
@@ -169,6 +170,13 @@ for step in ${*:-compare bench sdm mqar}; do
       mkdir -p "$RES/corpus_gdn2_340m"
       cp runs/corpus_gdn2_340m/*.json* runs/corpus_gdn2_340m/*.png "$RES/corpus_gdn2_340m/" 2>/dev/null
       tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints . ;;
+    corpus_nopack)  # the same run's program with packing off (the same rows, one sequence each): its tokens/s over
+      # CORPUS_NOPACK_STEPS (default 200) steps, from scratch, no evaluation before the last step
+      run 300 python3 -m experiments.train --config=experiments/configs/paper.py:gdn2_340m,data/stdlib32k \
+        --workdir="$RES/corpus_gdn2_340m_nopack" --config.data.batch_size=4 --config.data.document_masks=False \
+        --config.train.steps="${CORPUS_NOPACK_STEPS:-200}" --config.train.warmup_steps=200 \
+        --config.train.learning_rate=6e-4 --config.train.eval_every=100000 --config.train.checkpoint_every=100000 \
+        --config.train.log_every=50 ;;
     mqar)
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;
