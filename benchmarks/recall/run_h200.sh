@@ -16,11 +16,14 @@
 #                 runs/recall/$NIAH_DIR (default niah); NIAH_VARIANTS='v1|v2|...' (recall.py's variants) replaces the
 #                 tasks x mixers list (the missing seeds of some rows); STEP_LIMIT (default 530 s) bounds the step,
 #                 to fit the device time left (a cut-off run resumes from its last checkpoint on the same machine)
+#        seqlen   MQAR at sequence lengths other than 128: MIXERS x SEQ_POINTS ('seq_len,pairs,queries|...', default
+#                 64, 256 and 512 with seq_len / 8 pairs) at width 128, into runs/recall/$SEQ_DIR (default seqlen)
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
-# MIXERS (default: all eight) narrows the state step. PARALLEL=n (default 3) runs every step as n processes sharing
+# MIXERS (default: all eight) narrows the state and seqlen steps. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
 # trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran eight 3,000-step
-# NIAH-2 runs (two to a shard; the fifth shard had crashed) in 291 s, 82-170 s each (session 25). CARD_SHARES=m:
+# NIAH-2 runs (two to a shard; the fifth shard had crashed) in 291 s, 82-170 s each (session 25); 8 were slower in all
+# than 4-5 (about 70 against 80-100 training steps a second, session 26): use 5-6. CARD_SHARES=m:
 # several of these scripts at once, each with its own OUT, m processes in all (each gets 0.9 / m of the card's
 # memory); wait for them with `wait`, not `pgrep -f`, which matches the device command's own line.
 # DETERMINISTIC=1: XLA's deterministic GPU ops (below).
@@ -84,6 +87,13 @@ for step in ${*:-default}; do
       sweep 530 state --config=experiments/configs/recall.py:mqar_gdn --config.train.steps=1500 \
         --grid="variant=$(variants mqar "$WIDTHS")" --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
         --eval_grid='data.min_kv_pairs=0;data.num_kv_pairs,data.num_queries=4,4|16,16|32,32' --eval_batches=4 ;;
+    seqlen)  # MQAR at other sequence lengths (Zoology's 64-512): MIXERS x SEQ_POINTS runs x 1500 steps at width 128, the
+      # state step's protocol with the largest number of pairs scaled to the length (seq_len / 8, mixed down to 4),
+      # evaluated again at that largest number (min_kv_pairs=0)
+      sweep "${STEP_LIMIT:-530}" "${SEQ_DIR:-seqlen}" --config=experiments/configs/recall.py:mqar_gdn \
+        --config.train.steps=1500 \
+        --grid="variant=$(variants mqar 128);data.seq_len,data.num_kv_pairs,data.num_queries=${SEQ_POINTS:-64,8,8|256,32,32|512,64,64}" \
+        --seeds="$SEEDS" --first_seed="$FIRST_SEED" --eval_grid='data.min_kv_pairs=0' --eval_batches=4 ;;
     niah)  # 2 x NIAH_MIXERS runs x 3000 steps (the config's; 1500 left MK-NIAH-1 at chance, session 16) of 16 x 1024
       # bytes, 40-90 s each on the H200 (estimated from 1500 steps' 18-44 s): a step cut by its limit resumes with the
       # same call on the warm machine
