@@ -28,6 +28,7 @@
 #   packed      packed: what packing 8 documents per row costs KDA, GDN, GDN-2 (chunk 32) and the SDM op, kernel by kernel
 #   decode      decode: every mixer's model and full attention, batch 1 and 32, contexts 1K to 64K
 #   train       train: the KDA reference model against fla's KDA, one process each
+#   packed_step the corpus run's GDN-2 340M step packed (8 documents a row) against unpacked, with each step's kernels
 #   sdm_train   train: the SDM hybrid (fp32 table, bf16 table, bf16 table and gradient) against the dense GDN model
 #   sdm_table   the SDM hybrid trained on the stdlib corpus (carry data/stdlib32k) with those table dtypes
 #   corpus      issue 23's show: GDN-2 at the 340M shape, packed documents, on the stdlib corpus (resumable)
@@ -139,6 +140,10 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 500 decode h200_decode ;;
     train)  # one entry and its peer per call: each process compiles for a minute, fla autotunes for minutes
       bench 560 train h200_train_kda --set=configs=experiments/configs/paper.py:kda_ref --set=peers=kda ;;
+    packed_step)  # the corpus run's model and shape, one step packed (8 documents a row) against unpacked, with the
+      # kernels of each step by device time (where packing's 1.11x of the step goes; carry data/stdlib32k)
+      bench 400 train packed_step --set=configs=experiments/configs/paper.py:gdn2_340m,data/stdlib32k --set=batch=4 \
+        --set=docs=0,8 --set=peers= ;;
     sdm_train)
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=

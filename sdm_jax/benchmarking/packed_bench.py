@@ -31,13 +31,13 @@ SDM = "sdm"
 
 
 def document_ids(B, T, docs, seed=0):
-  """[B, T] int32: each row cut into `docs` documents (ids 1..docs) at random distinct positions."""
+  """[B, T] int32 numpy array: each row cut into `docs` documents (ids 1..docs) at random distinct positions."""
   rng = np.random.default_rng(seed)
   ids = np.zeros((B, T), np.int32)
   for b in range(B):
     cuts = np.sort(rng.choice(np.arange(1, T), size=docs - 1, replace=False))
     ids[b] = 1 + np.searchsorted(cuts, np.arange(T), side="right")
-  return jnp.asarray(ids)
+  return ids
 
 
 def dense_calls(mixer, impl, chunk_size):
@@ -103,7 +103,7 @@ def run_sweep(settings, log=print, on_progress=None):
   s = settings
   records = []
   for B, T in parse_shapes(",".join(s.shapes)):
-    ids = document_ids(B, T, s.docs)
+    ids = jnp.asarray(document_ids(B, T, s.docs))
     for mixer in s.mixers:
       if mixer == SDM:
         H, N, V, W = s.sdm_heads, s.num_slots, s.sdm_value_dim, s.topk

@@ -80,6 +80,8 @@ class TrainSettings:
   log_every: int = _setting(10, "how often the training loop fetches metrics, as train.log_every")
   timeout: int = _setting(600, "seconds each entry's process may take")
   baseline: Optional[str] = _setting(None, "entry the ratios are taken against (none: 'fla <first peer>')")
+  docs: tuple[int, ...] = _setting((0,), "documents per row, each config timed at each: 0 unpacked rows; n >= 2 "
+                                   "packed rows of n documents at random boundaries (segment_ids and positions)")
 
 
 @dataclasses.dataclass(frozen=True)

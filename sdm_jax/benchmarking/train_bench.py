@@ -29,13 +29,20 @@ NUM_BATCH_SETS = 3
 
 class RandomTokens:
   """An endless iterator of {"inputs", "targets", "mask"} host batches of uniform token ids, cycling through
-  NUM_BATCH_SETS sets (rotated inputs), with the get_state of a data iterator."""
+  NUM_BATCH_SETS sets (rotated inputs), with the get_state of a data iterator. docs >= 2: packed rows of that many
+  documents at random boundaries, each set its own, with the "segment_ids" and "positions" of a packed corpus
+  batch (DESIGN.md section 9)."""
 
-  def __init__(self, batch, seq_len, vocab_size, seed=0):
+  def __init__(self, batch, seq_len, vocab_size, seed=0, docs=0):
+    from sdm_jax.benchmarking.packed_bench import document_ids
+    from sdm_jax.ops.segments import document_positions
     rng = np.random.default_rng(seed)
     self.sets = [{"inputs": rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int32),
                   "targets": rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int32),
                   "mask": np.ones((batch, seq_len), np.float32)} for _ in range(NUM_BATCH_SETS)]
+    for i, batch_set in enumerate(self.sets if docs else ()):
+      ids = document_ids(batch, seq_len, docs, seed=seed + i)
+      batch_set.update(segment_ids=ids, positions=np.asarray(document_positions(ids)))
     self.index = 0
 
   def __next__(self):
@@ -69,8 +76,8 @@ def measure(spec):
   model_config = ml_collections.ConfigDict(spec["model"])
   train_config = ml_collections.ConfigDict(spec["train"])
   B, T, steps, log_every = spec["batch"], spec["seq_len"], spec["steps"], spec["log_every"]
-  result = {"name": spec["name"], "side": "ours", "batch": B, "seq_len": T, "model": spec["model"],
-            "device": jax.devices()[0].device_kind, "jax_version": jax.__version__}
+  result = {"name": spec["name"], "side": "ours", "batch": B, "seq_len": T, "docs": spec.get("docs", 0),
+            "model": spec["model"], "device": jax.devices()[0].device_kind, "jax_version": jax.__version__}
   mesh = make_mesh()
   fsdp = bool(train_config.get("fsdp", False))
   model = LanguageModel(model_config, rngs=nnx.Rngs(0))
@@ -82,7 +89,8 @@ def measure(spec):
   embedding = int(np.prod(model.embed.embedding.shape))
   result.update(params=params, non_embedding_params=params - embedding)
   step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
-  batches = prefetch_to_device(RandomTokens(B, T, model_config.vocab_size), mesh, count=10**9)
+  batches = prefetch_to_device(RandomTokens(B, T, model_config.vocab_size, docs=spec.get("docs", 0)), mesh,
+                               count=10**9)
 
   start = time.perf_counter()
   jax.device_get(step_fn(next(batches)[0]))
@@ -137,12 +145,21 @@ def mlp_hidden(model_config):
   return model_config.get("mlp_hidden") or round(model_config.mlp_ratio * model_config.width)
 
 
+def check_docs(docs, seq_len):
+  """ValueError unless every entry of docs is 0 (unpacked) or a number of documents 2..seq_len a row."""
+  bad = [n for n in docs if isinstance(n, bool) or not isinstance(n, int) or n != 0 and not 2 <= n <= seq_len]
+  if bad or not docs:
+    raise ValueError(f"docs: expected 0 (unpacked rows) or 2..seq_len = {seq_len} documents a row, got {list(docs)}")
+
+
 def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps=10, warmup=2, log_every=10,
-                overrides=()):
-  """One spec per (config, remat policy), then one per fla peer at the first config's shape.
+                overrides=(), docs=(0,)):
+  """One spec per (config, remat policy, documents a row), then one per fla peer at the first config's shape
+  (unpacked rows).
 
   configs: 'path.py:variant' strings; remats: policies to try (empty: each config's own); overrides:
-  'model.field=value' strings applied to every config (values parsed as JSON where they parse).
+  'model.field=value' strings applied to every config (values parsed as JSON where they parse); docs: 0 for
+  unpacked rows, n for packed rows of n documents (`RandomTokens`).
   batch / seq_len default to the config's data.batch_size / data.seq_len.
   """
   specs = []
@@ -160,16 +177,19 @@ def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps
                          f"got {override!r}")
       config[section][field] = value
     variant = path_variant.partition(":")[2] or path_variant
+    T = seq_len or config.data.seq_len
+    check_docs(docs, T)
     for remat in remats or [config.model.get("remat", "none")]:
       model = config.model.to_dict()
       model["remat"] = remat
-      specs.append({"name": f"{variant} remat={remat}", "model": model, "train": config.train.to_dict(),
-                    "batch": batch or config.data.batch_size, "seq_len": seq_len or config.data.seq_len,
-                    "steps": steps, "warmup": warmup, "log_every": log_every,
-                    "loss_chunk_tokens": config.train.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)})
+      for n in docs:
+        specs.append({"name": f"{variant} remat={remat}" + (f" docs={n}" if n else ""), "model": model,
+                      "train": config.train.to_dict(), "batch": batch or config.data.batch_size, "seq_len": T,
+                      "docs": n, "steps": steps, "warmup": warmup, "log_every": log_every,
+                      "loss_chunk_tokens": config.train.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)})
   for peer in peers:
     first = specs[0]
-    specs.append({**first, "name": f"fla {peer}", "peer": peer,
+    specs.append({**first, "name": f"fla {peer}", "peer": peer, "docs": 0,
                   "mlp_hidden": mlp_hidden(load_config(configs[0]).model)})
   return specs
 
@@ -263,6 +283,14 @@ def table(results, baseline=None):
   return "\n".join(rows)
 
 
+def kernel_lists(results):
+  """Markdown: each of our entries' kernels in one step by device time (CUPTI, `measure`), where it has them."""
+  from sdm_jax.benchmarking.timing import format_kernels
+  lines = [line for r in results if r.get("kernel_time")
+           for line in format_kernels(f"{r['name']}, one step", r["kernel_time"])]
+  return "\n\n## Kernels of one step\n\n" + "\n".join(lines) if lines else ""
+
+
 def plot(results, path, baseline=None):
   """Two panels, tokens/s and peak memory per entry; the baseline's values as dashed lines."""
   import matplotlib
@@ -304,7 +332,8 @@ def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, notes=(), config=N
               "  'synced' fetches the loss after every step. Peak memory: jax's peak_bytes_in_use (default allocator)",
               "  / torch.cuda.max_memory_allocated. MFU: (6 x non-embedding params + mixer FLOPs) x tokens/s / 790",
               "  TFLOP/s.", *notes]
-    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", header, table(results, baseline))
+    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", header,
+                         table(results, baseline) + kernel_lists(results))
     plot(results, paths["png"], baseline)
   return results, paths
 
@@ -323,7 +352,7 @@ def check_settings(settings):
 def _specs(settings, peers):
   s = settings
   return build_specs(s.configs, remats=s.remat, peers=peers, batch=s.batch, seq_len=s.seq_len, steps=s.steps,
-                     warmup=s.warmup, log_every=s.log_every, overrides=s.overrides)
+                     warmup=s.warmup, log_every=s.log_every, overrides=s.overrides, docs=s.docs)
 
 
 def bench(settings, out_dir, tag, log=print):

@@ -5,6 +5,7 @@ tests/benchmarking/test_bench.py)."""
 import math
 
 import ml_collections
+import numpy as np
 import pytest
 
 from sdm_jax.benchmarking import train_bench
@@ -32,6 +33,29 @@ def test_build_specs_expands_remat_policies_and_peers():
     train_bench.build_specs(["no/such/config.py:x"])
 
 
+def test_docs_adds_packed_entries_and_checks_its_values():
+  built = specs(docs=(0, 4))
+  assert [(s["name"], s["docs"]) for s in built] == [("demo remat=none", 0), ("demo remat=none docs=4", 4)]
+  for bad in ((1,), (17,), (), (True,)):
+    with pytest.raises(ValueError, match="docs: expected 0"):
+      specs(docs=bad)
+
+
+def test_packed_random_rows_hold_documents_with_their_positions():
+  rows = train_bench.RandomTokens(3, 16, 50, docs=4)
+  first, second = next(rows), next(rows)
+  for batch in (first, second):
+    ids, positions = batch["segment_ids"], batch["positions"]
+    assert ids.shape == positions.shape == (3, 16)
+    for row_ids, row_positions in zip(ids, positions):
+      assert sorted(set(row_ids.tolist())) == [1, 2, 3, 4] and (np.diff(row_ids) >= 0).all()
+      starts = np.concatenate([[True], row_ids[1:] != row_ids[:-1]])
+      expected = np.arange(16) - np.maximum.accumulate(np.where(starts, np.arange(16), 0))
+      np.testing.assert_array_equal(row_positions, expected)
+  assert (first["segment_ids"] != second["segment_ids"]).any()  # each rotated set cut its own way
+  assert "segment_ids" not in next(train_bench.RandomTokens(3, 16, 50))
+
+
 def test_measure_reports_steps_tokens_and_flops():
   spec = specs()[0]
   result = train_bench.measure(spec)
@@ -43,6 +67,12 @@ def test_measure_reports_steps_tokens_and_flops():
   model = ml_collections.ConfigDict(spec["model"])
   flops = 6 * result["non_embedding_params"] + train_bench.mixer_flops_per_token(model, 16)
   assert result["flops_per_token"] == pytest.approx(flops)
+
+
+def test_measure_trains_on_packed_rows():
+  result = train_bench.measure(specs(docs=(4,))[0])
+  assert result["docs"] == 4 and result["name"] == "demo remat=none docs=4"
+  assert math.isfinite(result["loss"]) and result["ms_per_step_loop"] > 0
 
 
 def test_mixer_flops_count_each_letter():
@@ -61,3 +91,10 @@ def test_a_failing_entry_is_recorded_not_raised(tmp_path):
   result = train_bench.run_process(bad, str(tmp_path), 600, log=lambda line: None)
   assert "remat: expected one of" in result["error"]
   assert "error:" in train_bench.table([result])
+
+
+def test_report_lists_each_entrys_kernels_where_it_has_them():
+  timed = {"name": "a docs=8", "kernel_time": {"total_ms": 2.5, "kernels": 2, "top": [("fusion_1", 2.0), ("gemm", 0.5)]}}
+  text = train_bench.kernel_lists([timed, {"name": "b", "kernel_time": None}])
+  assert "a docs=8, one step: 2.500 ms in 2 distinct kernels" in text and "`fusion_1`" in text
+  assert "- b" not in text and train_bench.kernel_lists([{"name": "b"}]) == ""
