@@ -63,6 +63,14 @@ bench() {  # bench LIMIT MODE TAG ARGS...: one mode of the registry, its report 
   local limit=$1 mode=$2 tag=$3; shift 3
   run "$limit" python3 -m experiments.bench --what="$mode" --out_dir="$RES" --tag="$tag" "$@"
 }
+# Issue 23's show: GDN-2 at the 340M shape on the stdlib corpus (carry data/stdlib32k)
+CORPUS_CONFIG=experiments/configs/paper.py:gdn2_340m,data/stdlib32k
+corpus_train() {  # corpus_train LIMIT WORKDIR ARGS...: the show's training program (4 rows a step, lr 6e-4), ARGS added
+  local limit=$1 workdir=$2; shift 2
+  run "$limit" python3 -m experiments.train --config="$CORPUS_CONFIG" --workdir="$workdir" \
+    --config.data.batch_size=4 --config.train.warmup_steps=200 --config.train.learning_rate=6e-4 \
+    --config.train.log_every=50 "$@"
+}
 mqar_runs() {  # mqar_runs NAME LIMIT "VARIANTS" OVERRIDES...: pallas MQAR runs (2 layers, width 256), then a summary
   local name=$1 limit=$2 variants=$3 workdirs=(); shift 3
   for v in $variants; do
@@ -142,8 +150,7 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 560 train h200_train_kda --set=configs=experiments/configs/paper.py:kda_ref --set=peers=kda ;;
     packed_step)  # the corpus run's model and shape, one step packed (8 documents a row) against unpacked, with the
       # kernels of each step by device time (where packing's 1.11x of the step goes; carry data/stdlib32k)
-      bench 400 train packed_step --set=configs=experiments/configs/paper.py:gdn2_340m,data/stdlib32k --set=batch=4 \
-        --set=docs=0,8 --set=peers= ;;
+      bench 400 train packed_step --set=configs="$CORPUS_CONFIG" --set=batch=4 --set=docs=0,8 --set=peers= ;;
     sdm_train)
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=
@@ -165,23 +172,19 @@ for step in ${*:-compare bench sdm mqar}; do
       done
       run 30 python3 -m experiments.summarize_runs --workdirs="$(IFS=,; echo "${workdirs[*]}")" \
         --out="$RES/sdm_table_summary" ;;
-    corpus)  # issue 23's show: GDN-2 at the 340M shape on the stdlib corpus (carry data/stdlib32k), documents packed,
+    corpus)  # issue 23's show (corpus_train), documents packed,
       # CORPUS_STEPS (default 3000) steps; SIGTERM at the limit checkpoints at a step boundary, and the same call on
       # the warm machine resumes it (the workdir is under runs/, kept between calls); metrics and log in $RES
-      run "${CORPUS_LIMIT:-540}" python3 -m experiments.train --config=experiments/configs/paper.py:gdn2_340m,data/stdlib32k \
-        --workdir=runs/corpus_gdn2_340m --config.data.batch_size=4 --config.train.steps="${CORPUS_STEPS:-3000}" \
-        --config.train.warmup_steps=200 --config.train.learning_rate=6e-4 --config.train.eval_every=500 \
-        --config.train.checkpoint_every=250 --config.train.log_every=50
+      corpus_train "${CORPUS_LIMIT:-540}" runs/corpus_gdn2_340m --config.train.steps="${CORPUS_STEPS:-3000}" \
+        --config.train.eval_every=500 --config.train.checkpoint_every=250
       mkdir -p "$RES/corpus_gdn2_340m"
       cp runs/corpus_gdn2_340m/*.json* runs/corpus_gdn2_340m/*.png "$RES/corpus_gdn2_340m/" 2>/dev/null
       tar czf "$OUT/results.tgz" -C "$RES" --exclude=checkpoints . ;;
     corpus_nopack)  # the same run's program with packing off (the same rows, one sequence each): its tokens/s over
       # CORPUS_NOPACK_STEPS (default 200) steps, from scratch, no evaluation before the last step
-      run 300 python3 -m experiments.train --config=experiments/configs/paper.py:gdn2_340m,data/stdlib32k \
-        --workdir="$RES/corpus_gdn2_340m_nopack" --config.data.batch_size=4 --config.data.document_masks=False \
-        --config.train.steps="${CORPUS_NOPACK_STEPS:-200}" --config.train.warmup_steps=200 \
-        --config.train.learning_rate=6e-4 --config.train.eval_every=100000 --config.train.checkpoint_every=100000 \
-        --config.train.log_every=50 ;;
+      corpus_train 300 "$RES/corpus_gdn2_340m_nopack" --config.data.document_masks=False \
+        --config.train.steps="${CORPUS_NOPACK_STEPS:-200}" --config.train.eval_every=100000 \
+        --config.train.checkpoint_every=100000 ;;
     mqar)
       mqar_runs mqar 62 "gdn kda fg2_gdn fg2_gdn_plus gdn2" \
         --config.train.steps=1500 --config.train.eval_every=250 --config.train.checkpoint_every=1500 ;;
