@@ -19,6 +19,8 @@
 #        seqlen   MQAR at sequence lengths other than 128: MIXERS x SEQ_POINTS ('seq_len,pairs,queries|...', default
 #                 64, 256 and 512 with seq_len / 8 pairs) at width 128, into runs/recall/$SEQ_DIR (default seqlen)
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
+# A step's directory carried to the device (carry ["runs/recall/<dir>"]: its results come back in recall.tgz without
+# checkpoints) makes the step skip the runs finished there and train only the rest, on a fresh machine too.
 # MIXERS (default: all eight) narrows the state and seqlen steps. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
 # trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran eight 3,000-step

@@ -19,8 +19,9 @@ kernel fault) or diverges costs only itself, each starts with fresh device memor
 cache shared by the sweep (`<workdir>/.jax_cache`) spares the seeds of a point their compilation. For many short
 runs of small models, where a process's start and compilation cost more than its training, `in_process` runs
 them one after another in the calling process instead (the seeds of a point then share one jitted step). A run whose
-final checkpoint is at train.steps and whose evaluations are all written is skipped; any other resumes (training
-from its newest checkpoint, then the missing evaluations). SIGINT stops the running run at a step boundary with a
+evaluations of its checkpoint at train.steps are all written is skipped, its checkpoints kept or not (results copied
+back from another machine without them); any other resumes (training from its newest checkpoint, then the missing
+evaluations). SIGINT stops the running run at a step boundary with a
 checkpoint (training.loop) and then the sweep.
 """
 
@@ -294,18 +295,22 @@ def _same(a, b):
 
 
 def status(run_dir, steps, eval_points=()):
-  """'done' (the newest checkpoint is at `steps` and every evaluation is written), 'partial' (something to resume)
-  or 'new'."""
+  """'done' (every evaluation is written, of the checkpoint at `steps`: the run's results, with or without its
+  checkpoints, e.g. copied back from another machine without them), 'partial' (something to resume) or 'new'."""
   run_dir = pathlib.Path(run_dir)
-  trained = steps in checkpoint_steps(run_dir)
   final = _read_json(run_dir / EVAL)
-  evaluated = final is not None and final.get("step") == steps
-  written = _read_json(run_dir / EVAL_POINTS) or []
-  if trained and evaluated and all(any(_same(entry["point"], point) for entry in written) for point in eval_points):
+  if final is not None and final.get("step") == steps and not _missing_points(run_dir, steps, eval_points)[1]:
     return "done"
   if checkpoint_steps(run_dir) or (run_dir / "config.json").exists():
     return "partial"
   return "new"
+
+
+def _missing_points(run_dir, steps, eval_points):
+  """(written, missing): the evaluations at other points written for the checkpoint at `steps` (those of an earlier
+  number of steps dropped), and the points of eval_points that have none."""
+  written = [entry for entry in _read_json(pathlib.Path(run_dir) / EVAL_POINTS) or [] if entry.get("step") == steps]
+  return written, [point for point in eval_points if not any(_same(entry["point"], point) for entry in written)]
 
 
 def prepare(run):
@@ -400,8 +405,7 @@ def run_one(run_dir, *, eval_batches=None, log=print, train_fn=None, evaluate_fn
       from sdm_jax.training.loop import train as train_fn
     train_fn(config, run_dir, log=log)
   final = _read_json(run_dir / EVAL)
-  written = _read_json(run_dir / EVAL_POINTS) or []
-  missing = [point for point in spec["eval_points"] if not any(_same(entry["point"], point) for entry in written)]
+  written, missing = _missing_points(run_dir, steps, spec["eval_points"])
   if final is not None and final.get("step") == steps and not missing:
     return
   model = None

@@ -118,8 +118,17 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume(demo, tmp_path):
   assert all(sweep.status(run.directory, 4, run.eval_points) == "done" for run in runs)
   assert any("[2/4] mixer-gdn/seed_1: resuming" in line for line in lines)
   calls.clear()
+  # A finished run's results without its checkpoints (copied back from another machine) are still done.
+  shutil.rmtree(runs[0].directory / "checkpoints")
   assert set(sweep.run_sweep(runs, runner=_fake_runner(calls), log=lines.append).values()) == {"skipped"}
   assert calls == []
+  # An evaluation written for another number of steps is not this run's: evaluated again.
+  entries = json.loads((runs[3].directory / sweep.EVAL_POINTS).read_text())
+  (runs[3].directory / sweep.EVAL_POINTS).write_text(json.dumps([{**entries[0], "step": 2}, *entries[1:]]))
+  assert sweep.status(runs[3].directory, 4, runs[3].eval_points) == "partial"
+  sweep.run_sweep(runs[3:], runner=_fake_runner(calls), log=lines.append)
+  assert calls == [] and sweep.status(runs[3].directory, 4, runs[3].eval_points) == "done"
+  assert [entry["step"] for entry in json.loads((runs[3].directory / sweep.EVAL_POINTS).read_text())] == [4, 4]
 
 
 def test_shards_split_one_sweep_between_processes(demo, tmp_path):
