@@ -137,13 +137,13 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
                 q_idx=q_idx_ref, q_w=q_w_ref)
   ahead = lambda t: _token_inputs(jnp.minimum(t, T - 1), **inputs)
 
-  def gather(code):
+  def gather(code, raw_everywhere):
     """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
-    rows the math reads: packed, m0's where the slot is stale. The table's rows are loaded at stale slots too: loaded
-    only where fresh, the no-save packed forward took 32.2 ms against 29.9 (H200, 2026-12-02, 0a22b6a against f41a422,
-    benchmarks/sdm/2026-12-02_h200_sdm_packed_0a22b6a_vs_f41a422.md)."""
+    rows the math reads: packed, m0's where the slot is stale. At the write slots the table's rows are loaded at stale
+    slots too (they are what the backward's undo puts back); at the read slots only where fresh (raw_everywhere
+    False), where the math takes m0's instead."""
     at, fresh = _coded_rows(at_rows, code, packed)
-    raw = table_ref[at].astype(f32)
+    raw = _table_rows(table_ref, at, None if raw_everywhere else fresh).astype(f32)
     return raw, _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
 
   def token(t, carry, save):
@@ -158,14 +158,14 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
-    read = gather(x["q_idx"])[1]
-    following = gather(x_next["k_idx"])
+    read = gather(x["q_idx"], raw_everywhere=False)[1]
+    following = gather(x_next["k_idx"], raw_everywhere=True)
     o = jnp.sum(x["q_w"][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following, x_next
 
   x = ahead(0)
-  carry = gather(x["k_idx"]), x
+  carry = gather(x["k_idx"], raw_everywhere=True), x
   if rows_from:
     carry = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), carry)
   jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), carry)
