@@ -149,8 +149,9 @@ for step in ${*:-compare bench sdm mqar}; do
     train)  # one entry and its peer per call: each process compiles for a minute, fla autotunes for minutes
       bench 560 train h200_train_kda --set=configs=experiments/configs/paper.py:kda_ref --set=peers=kda ;;
     packed_step)  # the corpus run's model and shape, one step packed (8 documents a row) against unpacked, with the
-      # kernels of each step by device time (where packing's 1.11x of the step goes; carry data/stdlib32k)
-      bench 400 train packed_step --set=configs="$CORPUS_CONFIG" --set=batch=4 --set=docs=0,8 --set=peers= ;;
+      # kernels of each step by device time (where packing's 1.11x of the step goes); random tokens of the corpus's
+      # vocabulary (32,000, as paper.py's), so no data is carried (--set=configs is a comma list: no data dir there)
+      bench 400 train packed_step --set=configs="${CORPUS_CONFIG%%,*}" --set=batch=4 --set=docs=0,8 --set=peers= ;;
     sdm_train)
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=

@@ -19,8 +19,11 @@
 #        seqlen   MQAR at sequence lengths other than 128: MIXERS x SEQ_POINTS ('seq_len,pairs,queries|...', default
 #                 64, 256 and 512 with seq_len / 8 pairs) at width 128, into runs/recall/$SEQ_DIR (default seqlen)
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
-# A step's directory carried to the device (carry ["runs/recall/<dir>"]: its results come back in recall.tgz without
-# checkpoints) makes the step skip the runs finished there and train only the rest, on a fresh machine too.
+# Finished runs to skip: copy a step's directory (as brought back in recall.tgz, without checkpoints) to
+# runs/carried/recall/<dir> here and carry ["runs/carried"]: the script merges it into runs/recall/<dir> without
+# replacing anything the machine already has, so the step trains only the rest, on a fresh machine or a warm one.
+# (Carrying runs/recall/<dir> itself would replace the machine's copy: on a warm machine the cut runs' checkpoints and
+# the previous call's finished runs are lost, and those runs train again from step 0; session 28 lost a call so.)
 # MIXERS (default: all eight) narrows the state and seqlen steps. PARALLEL=n (default 3) runs every step as n processes sharing
 # the GPU, each a shard of the sweep's runs (experiments.sweep --shard), then one summary of them all: 3 processes
 # trained NIAH runs at 1.4x the rate of one (session 18, benchmarks/recall/README.md); 5 on an H100 ran eight 3,000-step
@@ -40,6 +43,7 @@ if [ -n "${DETERMINISTIC:-}" ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_
 OUT=${OUT:-/tmp/out}
 RES=runs/recall
 mkdir -p "$OUT" "$RES"
+[ -d runs/carried/recall ] && cp -rn runs/carried/recall/. "$RES"/  # the carried finished runs (above)
 # The card that ran (the device tool may lend an H100 for an H200): first line of the log.
 echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" | tee -a "$OUT/log.txt"
 SEEDS=${SEEDS:-1}
