@@ -18,6 +18,7 @@
 #                 to fit the device time left (a cut-off run resumes from its last checkpoint on the same machine)
 #        seqlen   MQAR at sequence lengths other than 128: MIXERS x SEQ_POINTS ('seq_len,pairs,queries|...', default
 #                 64, 256 and 512 with seq_len / 8 pairs) at width 128, into runs/recall/$SEQ_DIR (default seqlen)
+#        twins    the same run four times at once, twice with DETERMINISTIC's flag: do twins repeat, at what cost
 #        summary  the summaries of runs/recall/state and runs/recall/niah again (e.g. after an interrupted step)
 # Finished runs to skip: copy a step's directory (as brought back in recall.tgz, without checkpoints) to
 # runs/carried/recall/<dir> here and carry ["runs/carried"]: the script merges it into runs/recall/<dir> without
@@ -112,6 +113,24 @@ for step in ${*:-default}; do
         --grid="variant=$niah_variants" \
         --eval_grid='data.seq_len,data.batch_size=1024,16|2048,8|4096,4|8192,2' --eval_batches=8 --seeds="$SEEDS" \
         --first_seed="$FIRST_SEED" ;;
+    twins)  # whether XLA's deterministic GPU ops make a seed's run repeat, and their cost: TWIN_VARIANT (recall.py's,
+      # default s_niah_3_attention_w128, whose twins ended 0.06 apart in session 28) trained TWIN_STEPS (default 1000)
+      # steps by four processes at once, two with --xla_gpu_deterministic_ops and two without; then each pair's
+      # training losses step by step (experiments.summarize_runs --twins) and their tokens/s
+      dirs=()
+      for mode in deterministic default; do
+        for twin in a b; do
+          dirs+=("$RES/twins/${mode}_$twin")
+          (if [ $mode = deterministic ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"; fi
+           XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${STEP_LIMIT:-400}" python3 -m experiments.train \
+             --config=experiments/configs/recall.py:"${TWIN_VARIANT:-s_niah_3_attention_w128}" \
+             --workdir="$RES/twins/${mode}_$twin" --config.train.steps="${TWIN_STEPS:-1000}" \
+             > "$OUT/twins_${mode}_$twin.txt" 2>&1) &
+        done
+      done
+      wait
+      run 60 python3 -m experiments.summarize_runs --twins --workdirs="$(IFS=,; echo "${dirs[*]}")" \
+        --out="$RES/twins/summary" ;;
     summary)
       for name in state niah; do
         run 120 python3 -m experiments.sweep --summarize_only --workdir="$RES/$name" --out="$RES/$name/summary"

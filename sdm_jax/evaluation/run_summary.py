@@ -27,6 +27,38 @@ def summarize_run(workdir):
   }
 
 
+def twin_difference(workdir_a, workdir_b):
+  """Two runs of the same program (e.g. the same seed twice) compared step by step on their training loss: the logged
+  steps both have, the first of them where the losses differ (None: identical at every one, bit for bit), and the
+  largest relative difference |a - b| / |a|. A ValueError if they share no logged training step."""
+  losses = []
+  for workdir in (workdir_a, workdir_b):
+    summarize_run(workdir)  # the same checks: a run directory with metrics
+    losses.append({r["step"]: r["loss"] for r in MetricsLog(workdir).read() if r["split"] == "train"})
+  steps = sorted(losses[0].keys() & losses[1].keys())
+  if not steps:
+    raise ValueError(f"twins: expected runs with logged training steps in common, got {str(workdir_a)!r} and "
+                     f"{str(workdir_b)!r}")
+  differing = [t for t in steps if losses[0][t] != losses[1][t]]
+  relative = max(abs(losses[0][t] - losses[1][t]) / max(abs(losses[0][t]), 1e-30) for t in steps)
+  return {"steps_compared": len(steps), "first_differing_step": differing[0] if differing else None,
+          "max_relative_loss_difference": relative}
+
+
+def format_twins(pairs):
+  """Markdown: one line per (row_a, row_b, twin_difference) of summarize_run rows."""
+  fmt = lambda x, spec: "-" if x is None else format(x, spec)
+  lines = ["| run | twin | steps compared | first step differing | max relative loss difference | eval acc | "
+           "train tok/s |", "|---|---|---|---|---|---|---|"]
+  for a, b, d in pairs:
+    first = "none (identical)" if d["first_differing_step"] is None else d["first_differing_step"]
+    lines.append(f"| {a['run']} | {b['run']} | {d['steps_compared']} | {first} | "
+                 f"{d['max_relative_loss_difference']:.1e} | {fmt(a['eval_accuracy'], '.4f')} / "
+                 f"{fmt(b['eval_accuracy'], '.4f')} | {fmt(a['train_tokens_per_s'], ',.0f')} / "
+                 f"{fmt(b['train_tokens_per_s'], ',.0f')} |")
+  return "\n".join(lines)
+
+
 def format_table(rows):
   fmt = lambda x, spec: "-" if x is None else format(x, spec)
   lines = ["| run | pattern | mixer | impl | width x layers | steps | eval acc | best eval acc | eval loss | "

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sdm_jax.evaluation.run_summary import format_table, plot_curves, summarize_run
+from sdm_jax.evaluation.run_summary import format_table, format_twins, plot_curves, summarize_run, twin_difference
 from sdm_jax.training.metrics import MetricsLog, Progress
 
 
@@ -53,3 +53,24 @@ def test_progress_leaves_pauses_out_of_tokens_per_s(monkeypatch):
   progress.exclude(10.0)  # 10 s of evaluation
   progress.line(3, {"loss": 1.0, "accuracy": 0.0}, 100)  # t = 30: 200 tokens in 30 - 10 s
   assert progress.tokens_per_s == pytest.approx(10.0)
+
+
+def test_twin_difference_finds_the_first_differing_step(tmp_path):
+  _fake_run(tmp_path / "a")
+  _fake_run(tmp_path / "b")
+  same = twin_difference(tmp_path / "a", tmp_path / "b")
+  assert same == {"steps_compared": 2, "first_differing_step": None, "max_relative_loss_difference": 0.0}
+  MetricsLog(tmp_path / "b").write({"split": "train", "step": 30, "loss": 0.5})  # b only: not compared
+  _fake_run(tmp_path / "c")
+  (tmp_path / "c" / "metrics.jsonl").write_text(
+      (tmp_path / "c" / "metrics.jsonl").read_text().replace('"loss": 1.0', '"loss": 1.25'))
+  differs = twin_difference(tmp_path / "b", tmp_path / "c")
+  assert differs["steps_compared"] == 2 and differs["first_differing_step"] == 20
+  assert differs["max_relative_loss_difference"] == pytest.approx(0.25)
+  line = format_twins([(summarize_run(tmp_path / "b"), summarize_run(tmp_path / "c"), differs)]).splitlines()[-1]
+  assert line.startswith("| b | c | 2 | 20 | 2.5e-01 |")
+  (tmp_path / "d").mkdir()
+  (tmp_path / "d" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+  MetricsLog(tmp_path / "d").write({"split": "train", "step": 5, "loss": 1.0})
+  with pytest.raises(ValueError, match="in common"):
+    twin_difference(tmp_path / "a", tmp_path / "d")
