@@ -139,10 +139,10 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
 
   def gather(code, raw_everywhere):
     """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
-    rows the math reads: packed, m0's where the slot is stale. At the write slots the table's rows are loaded at stale
-    slots too (they are what the backward's undo puts back); at the read slots only where fresh (raw_everywhere
-    False), where the math takes m0's instead: the packed forward 31.8 -> 29.1 ms (H100, 2026-12-06,
-    benchmarks/sdm/2026-12-06_h100_s28_packed_sdm_vs_72cd5d7.md)."""
+    rows the math reads: packed, m0's where the slot is stale. At the write slots of a forward that saves its rows the
+    table's rows are loaded at stale slots too (they are what the backward's undo puts back); elsewhere only where
+    fresh (raw_everywhere False), where the math takes m0's instead: at the read slots that took the packed forward
+    from 31.8 to 29.1 ms (H100, 2026-12-06, benchmarks/sdm/2026-12-06_h100_s28_packed_sdm_vs_72cd5d7.md)."""
     at, fresh = _coded_rows(at_rows, code, packed)
     raw = _table_rows(table_ref, at, None if raw_everywhere else fresh).astype(f32)
     return raw, _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
@@ -160,16 +160,17 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
     read = gather(x["q_idx"], raw_everywhere=False)[1]
-    following = gather(x_next["k_idx"], raw_everywhere=True)
+    following = gather(x_next["k_idx"], raw_everywhere=saves)
     o = jnp.sum(x["q_w"][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following, x_next
 
+  saves = bool(rows_ref)
   x = ahead(0)
-  carry = gather(x["k_idx"], raw_everywhere=True), x
+  carry = gather(x["k_idx"], raw_everywhere=saves), x
   if rows_from:
     carry = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), carry)
-  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), carry)
+  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=saves), carry)
 
 
 def _specs(block_v):
