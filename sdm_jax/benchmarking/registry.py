@@ -372,16 +372,25 @@ def _text(value):
   return str(value)
 
 
-def _git(*args):
-  done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+def _git(*args, env=None):
+  done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                        env=None if env is None else {**os.environ, **env})
   return done.stdout.strip() if done.returncode == 0 else None
 
 
 def tree_name():
-  """This tree, as its commit and whether it has uncommitted changes to tracked files."""
+  """This tree, as its commit and whether it has uncommitted changes to tracked files. With changes, also the git
+  tree hash of the files as they are (untracked ones not ignored included, through a scratch index): a copy of a
+  working tree whose history is older than its files (the device tool's) then still names the commit whose tree it
+  is (`git rev-parse <commit>^{tree}` prints the same hash)."""
   head = _git("rev-parse", "--short", "HEAD") or "?"
-  dirty = _git("status", "--porcelain", "--untracked-files=no")
-  return f"{head} with uncommitted changes" if dirty else head
+  if not _git("status", "--porcelain", "--untracked-files=no"):
+    return head
+  with tempfile.TemporaryDirectory() as scratch:
+    env = {"GIT_INDEX_FILE": os.path.join(scratch, "index")}
+    ok = _git("read-tree", "HEAD", env=env) is not None and _git("add", "-A", env=env) is not None
+    tree = _git("write-tree", env=env) if ok else None
+  return f"{head} with uncommitted changes" + (f" (tree {tree[:12]})" if tree else "")
 
 
 def materialise(commit, dest):

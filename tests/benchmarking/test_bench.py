@@ -239,3 +239,25 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
                        capture_output=True, text=True, timeout=600)
   assert bad.returncode == 2 and bad.stderr.strip() == (
       f"error: base: expected a commit of the git repository at {ROOT}, got 'no_such_commit'")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_tree_name_names_the_commit_of_a_copy_with_older_history(tmp_path, monkeypatch):
+  """A working tree whose files are ahead of its history (the device tool's copy) names the tree hash that the
+  commit holding those files has, untracked files included."""
+  git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                                     check=True, capture_output=True, text=True).stdout.strip()
+  git("init", "-q")
+  (tmp_path / "a.py").write_text("a = 1\n")
+  git("add", "a.py")
+  git("commit", "-qm", "old")
+  monkeypatch.setattr(registry, "ROOT", tmp_path)
+  assert registry.tree_name() == git("rev-parse", "--short", "HEAD")
+  (tmp_path / "a.py").write_text("a = 2\n")
+  (tmp_path / "b.py").write_text("b = 1\n")  # new in the later commit: untracked in the copy
+  name = registry.tree_name()
+  assert name.startswith(git("rev-parse", "--short", "HEAD") + " with uncommitted changes (tree ")
+  assert git("ls-files") == "a.py"  # the repository's own index untouched
+  git("add", "-A")
+  git("commit", "-qm", "new")
+  assert name.endswith(f"(tree {git('rev-parse', 'HEAD^{tree}')[:12]})")
