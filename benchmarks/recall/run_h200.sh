@@ -122,7 +122,8 @@ for step in ${*:-default}; do
         for twin in a b; do
           dirs+=("$RES/twins/${mode}_$twin")
           (if [ $mode = deterministic ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"; fi
-           XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${STEP_LIMIT:-400}" python3 -m experiments.train \
+           XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / ${CARD_SHARES:-4}, 3))") \
+             timeout "${STEP_LIMIT:-400}" python3 -m experiments.train \
              --config=experiments/configs/recall.py:"${TWIN_VARIANT:-s_niah_3_attention_w128}" \
              --workdir="$RES/twins/${mode}_$twin" --config.train.steps="${TWIN_STEPS:-1000}" \
              > "$OUT/twins_${mode}_$twin.txt" 2>&1) &
