@@ -50,6 +50,9 @@ echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | 
 SEEDS=${SEEDS:-1}
 WIDTHS=${WIDTHS:-128}
 FIRST_SEED=${FIRST_SEED:-0}
+card_fraction() {  # card_fraction N: each of N processes sharing the card gets 0.9 / N of its memory
+  python3 -c "print(round(0.9 / $1, 3))"
+}
 run() {  # run LIMIT_SECONDS COMMAND...: output to the terminal and to $OUT/log.txt, then pack the results
   local limit=$1; shift
   echo "== $* (limit ${limit}s)" | tee -a "$OUT/log.txt"
@@ -60,7 +63,7 @@ sweep() {  # sweep LIMIT STEP ARGS...: PARALLEL (default 3) processes share the 
   local limit=$1 name=$2 n=${PARALLEL:-3} i; shift 2
   # These models use a sliver of the card: each process gets 0.9 / n of its memory instead of the default 0.75
   # (CARD_SHARES=m: 0.9 / m, for several of these scripts at once, each with its own OUT, sharing m processes).
-  local fraction; fraction=$(python3 -c "print(round(0.9 / ${CARD_SHARES:-$n}, 3))")
+  local fraction; fraction=$(card_fraction "${CARD_SHARES:-$n}")
   if [ "$n" -le 1 ]; then
     (if [ -n "${CARD_SHARES:-}" ]; then export XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction; fi
      run "$limit" python3 -m experiments.sweep --in_process --workdir="$RES/$name" "$@")
@@ -117,13 +120,12 @@ for step in ${*:-default}; do
       # default s_niah_3_attention_w128, whose twins ended 0.06 apart in session 28) trained TWIN_STEPS (default 1000)
       # steps by four processes at once, two with --xla_gpu_deterministic_ops and two without; then each pair's
       # training losses step by step (experiments.summarize_runs --twins) and their tokens/s
-      dirs=()
+      dirs=() fraction=$(card_fraction "${CARD_SHARES:-4}")
       for mode in deterministic default; do
         for twin in a b; do
           dirs+=("$RES/twins/${mode}_$twin")
           (if [ $mode = deterministic ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"; fi
-           XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / ${CARD_SHARES:-4}, 3))") \
-             timeout "${STEP_LIMIT:-400}" python3 -m experiments.train \
+           XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction timeout "${STEP_LIMIT:-400}" python3 -m experiments.train \
              --config=experiments/configs/recall.py:"${TWIN_VARIANT:-s_niah_3_attention_w128}" \
              --workdir="$RES/twins/${mode}_$twin" --config.train.steps="${TWIN_STEPS:-1000}" \
              > "$OUT/twins_${mode}_$twin.txt" 2>&1) &

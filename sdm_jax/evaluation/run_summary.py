@@ -6,13 +6,22 @@ import pathlib
 from sdm_jax.training.metrics import MetricsLog
 
 
+def _records(workdir):
+  """A run directory's metrics records, or ValueError if it has none."""
+  if not (pathlib.Path(workdir) / "metrics.jsonl").exists():
+    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
+  return MetricsLog(workdir).read()
+
+
+def _fmt(x, spec):
+  return "-" if x is None else format(x, spec)
+
+
 def summarize_run(workdir):
   """One row for a run directory: its model, final and best evaluation, and training tokens/s."""
   workdir = pathlib.Path(workdir)
-  if not (workdir / "metrics.jsonl").exists():
-    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
+  records = _records(workdir)
   model = json.loads((workdir / "config.json").read_text())["model"]
-  records = MetricsLog(workdir).read()
   evals = [r for r in records if r["split"] == "eval"]
   rates = [r["tokens_per_s"] for r in records if r["split"] == "train" and "tokens_per_s" in r]
   return {
@@ -31,10 +40,8 @@ def twin_difference(workdir_a, workdir_b):
   """Two runs of the same program (e.g. the same seed twice) compared step by step on their training loss: the logged
   steps both have, the first of them where the losses differ (None: identical at every one, bit for bit), and the
   largest relative difference |a - b| / |a|. A ValueError if they share no logged training step."""
-  losses = []
-  for workdir in (workdir_a, workdir_b):
-    summarize_run(workdir)  # the same checks: a run directory with metrics
-    losses.append({r["step"]: r["loss"] for r in MetricsLog(workdir).read() if r["split"] == "train"})
+  losses = [{r["step"]: r["loss"] for r in _records(workdir) if r["split"] == "train"}
+            for workdir in (workdir_a, workdir_b)]
   steps = sorted(losses[0].keys() & losses[1].keys())
   if not steps:
     raise ValueError(f"twins: expected runs with logged training steps in common, got {str(workdir_a)!r} and "
@@ -47,26 +54,24 @@ def twin_difference(workdir_a, workdir_b):
 
 def format_twins(pairs):
   """Markdown: one line per (row_a, row_b, twin_difference) of summarize_run rows."""
-  fmt = lambda x, spec: "-" if x is None else format(x, spec)
   lines = ["| run | twin | steps compared | first step differing | max relative loss difference | eval acc | "
            "train tok/s |", "|---|---|---|---|---|---|---|"]
   for a, b, d in pairs:
     first = "none (identical)" if d["first_differing_step"] is None else d["first_differing_step"]
     lines.append(f"| {a['run']} | {b['run']} | {d['steps_compared']} | {first} | "
-                 f"{d['max_relative_loss_difference']:.1e} | {fmt(a['eval_accuracy'], '.4f')} / "
-                 f"{fmt(b['eval_accuracy'], '.4f')} | {fmt(a['train_tokens_per_s'], ',.0f')} / "
-                 f"{fmt(b['train_tokens_per_s'], ',.0f')} |")
+                 f"{d['max_relative_loss_difference']:.1e} | {_fmt(a['eval_accuracy'], '.4f')} / "
+                 f"{_fmt(b['eval_accuracy'], '.4f')} | {_fmt(a['train_tokens_per_s'], ',.0f')} / "
+                 f"{_fmt(b['train_tokens_per_s'], ',.0f')} |")
   return "\n".join(lines)
 
 
 def format_table(rows):
-  fmt = lambda x, spec: "-" if x is None else format(x, spec)
   lines = ["| run | pattern | mixer | impl | width x layers | steps | eval acc | best eval acc | eval loss | "
            "train tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['run']} | {r['pattern']} | {r['mixer']} | {r['impl']} | {r['width']} x {r['layers']} | "
-                 f"{r['steps']} | {fmt(r['eval_accuracy'], '.4f')} | {fmt(r['best_eval_accuracy'], '.4f')} | "
-                 f"{fmt(r['eval_loss'], '.4f')} | {fmt(r['train_tokens_per_s'], ',.0f')} |")
+                 f"{r['steps']} | {_fmt(r['eval_accuracy'], '.4f')} | {_fmt(r['best_eval_accuracy'], '.4f')} | "
+                 f"{_fmt(r['eval_loss'], '.4f')} | {_fmt(r['train_tokens_per_s'], ',.0f')} |")
   return "\n".join(lines)
 
 
