@@ -40,7 +40,6 @@ def dump(out, settings="{}"):
   B, H, N, V, T, W, R = 4, 2, 65536, 1024, 64, 128, 128
   S, f32, i32, bf16 = jax.ShapeDtypeStruct, jnp.float32, jnp.int32, jnp.bfloat16
   table = S((B, H, N, V), settings.get("table", f32))
-  m0 = S((H, N, V), table.dtype)  # the packed kernels read m0 in the table's dtype (sparse_pallas._stale_rows)
   d_table, rows_dtype = S(table.shape, settings.get("d_table", f32)), table.dtype
   per_token = lambda *shape, dtype=f32: S((B, H, T, *shape), dtype)
   forward = [table, per_token(W, dtype=i32), per_token(W), per_token(W), per_token(), per_token(),
@@ -53,8 +52,8 @@ def dump(out, settings="{}"):
       "fwd_nosave": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=False, **fwd), forward),
       "fwd_save": (lambda *a: st.sparse_tokens_fwd(*a, save_rows=True, **{"rows_dtype": rows_dtype, **fwd}), forward),
       "bwd": (lambda *a: st.sparse_tokens_bwd(*a, **bwd), backward),
-      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(*a[:-2], m0=a[-2], d_m0=a[-1], **bwd),
-                     backward + [m0, S(table.shape, f32)]),
+      "bwd_packed": (lambda *a: st.sparse_tokens_bwd(None, *a[1:-2], reads=a[-2], d_m0=a[-1], **bwd),
+                     backward + [per_token(R, V, dtype=rows_dtype), S(table.shape, f32)]),
   }
   os.makedirs(out, exist_ok=True)
   registration.lowering.lower_jaxpr_to_triton_module = capture

@@ -14,14 +14,15 @@ of the update. Barriers order the memory traffic of a program's threads: all of 
 before its writes (duplicates), and the writes before the reads that follow.
 
 The backward walks the tokens in reverse with the table cotangent dM in place. Per token t, on M_t:
-  1. the read: d_rho[r] = <M_t[J_t[r]], dO_t>, dM[J_t] += rho_slot dO_t;
+  1. the read: d_rho[r] = <M_t[J_t[r]], dO_t> (packed: the saved rows it read), dM[J_t] += rho_slot dO_t;
   2. the write, from the saved rows P = M_{t-1}[I_t]: with dM_t = dM[I_t] (after 1.: the rows gathered with the
      read's, before it, plus k_read dO_t, k_read the read's weight of each write entry's slot, 0 where the token does
      not read it: one memory round trip a token, the read's rows and the write's; the packed variant gathers
      dM_t after 1.'s store instead) and e = exp(g_t),
      dd = sum_w kappa[w] dM_t[w], dv = beta dd, d_beta = <dd, v - r>, dr = -beta dd,
      d_kappa[w] = <dM_t[w], d> + <e P[w], dr>, dM[I_t] = e (dM_t + kappa_slot dr) (the cotangent of
-     M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo).
+     M_{t-1} there), d_g = sum over the token's distinct slots <dM[I_t], P>; then M[I_t] = P (the undo; packed,
+     none).
 The scalar and per-entry cotangents are per value tile; the caller sums the tiles.
 Shapes ([B, H, T, ...]): k_idx, k_w, k_slot, k_first, k_read [.., W]; q_idx, q_w, q_slot [.., R]; decay, beta
 [B, H, T]; v, d_o [.., V]; rows [.., W, V] (fp32 or, rounded, bf16: the undo then restores the rounded rows);
@@ -33,12 +34,15 @@ Packed documents (DESIGN.md section 9; the kernels' packed variants, chosen stat
 document with any padding after it; runs begin at t = 0 and at every document start, and each starts from m0. No
 pass restores m0 between runs: the caller codes every index by whether the token's run has written that slot before
 (the write indices: at an earlier token; the read indices: at this token or an earlier one), a slot it has not as
-~slot (< 0), and the kernels take that row from m0 instead of the table. The table thus holds what the latest run to
-write each slot left there ("raw"): the forward saves those raw rows, computes with m0's where the slot is stale and
-writes its result, so the backward's undo restores the raw table exactly, run after run, with no replay. The
-backward sends the cotangent that reaches a stale row to dM0 instead of dM (and leaves dM 0 where a stale write
-was), so that dM holds only the current run's. The final table is raw outside the last run's write slots (the
-caller puts m0 there).
+~slot (< 0), and the kernels take that row from m0 instead of the table (loading the table's row only where the slot
+is fresh). The table thus holds what the latest run to write each slot left there ("raw"), which the math never
+reads at a stale slot. So the packed backward does not undo the writes: the forward saves the rows each token read
+as well as those it found (both as the math took them), and the backward walks the tokens on dM alone, sending the
+cotangent that reaches a stale row to dM0 instead of dM (and leaving dM 0 where a stale write was), so that dM holds
+only the current run's. Its row traffic a token, against the unpacked op's 4 forward and 7 backward row sets (p the
+stale share of the entries): 5 forward (the reads saved) and 6 + 2p backward (no table rows read or restored; dM0
+read and written at the stale write slots), at twice the saved rows. The final table is raw outside the last run's
+write slots (the caller puts m0 there).
 """
 
 import functools
@@ -137,40 +141,37 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
                 q_idx=q_idx_ref, q_w=q_w_ref)
   ahead = lambda t: _token_inputs(jnp.minimum(t, T - 1), **inputs)
 
-  def gather(code, raw_everywhere):
-    """(raw, rows): the table's rows at the coded slots (the table may be stored in bf16; the math is fp32), and the
-    rows the math reads: packed, m0's where the slot is stale. At the write slots of a forward that saves its rows the
-    table's rows are loaded at stale slots too (they are what the backward's undo puts back); elsewhere only where
-    fresh (raw_everywhere False), where the math takes m0's instead: at the read slots that took the packed forward
-    from 31.8 to 29.1 ms (H100, 2026-12-06, benchmarks/sdm/2026-12-06_h100_s28_packed_sdm_vs_72cd5d7.md)."""
+  def gather(code):
+    """The rows the math reads at the coded slots, fp32 (the table may be stored in bf16): packed, m0's where the
+    slot is stale and the table's (loaded only there) where it is fresh."""
     at, fresh = _coded_rows(at_rows, code, packed)
-    raw = _table_rows(table_ref, at, None if raw_everywhere else fresh).astype(f32)
-    return raw, _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
+    return _math_rows(_table_rows(table_ref, at, fresh).astype(f32), m0_ref, at, fresh, table_ref.dtype)
 
   def token(t, carry, save):
-    """carry: (raw, rows) at token t's write slots, gathered after token t - 1's writes (with its read), and token
+    """carry: the rows at token t's write slots, gathered after token t - 1's writes (with its read), and token
     t's inputs."""
-    (raw, rows), x = carry
+    rows, x = carry
     x_next = ahead(t + 1)  # issued first; used from this token's last gather on
     k_rows = _coded_rows(at_rows, x["k_idx"], packed)[0]
-    if save:  # the raw rows: what the backward's undo puts back
-      rows_ref[0][t - rows_from] = raw.astype(rows_ref[0].dtype)
+    if save:  # the rows it found: what the backward's math (unpacked: its undo too) takes
+      rows_ref[0][t - rows_from] = rows.astype(rows_ref[0].dtype)
     _write(table_ref, x, k_rows, rows, barrier)
     # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
     # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
     # benchmarks/sessions/2026-11-30_h200_session12.md).
-    read = gather(x["q_idx"], raw_everywhere=False)[1]
-    following = gather(x_next["k_idx"], raw_everywhere=saves)
+    read = gather(x["q_idx"])
+    following = gather(x_next["k_idx"])
+    if save and packed:  # the rows it read: the packed backward has no table
+      rows_ref[1][t - rows_from] = read.astype(rows_ref[1].dtype)
     o = jnp.sum(x["q_w"][:, None] * read, axis=0, keepdims=True)
     o_ref[pl.ds(t, 1), :] = o.astype(o_ref.dtype)
     return following, x_next
 
-  saves = bool(rows_ref)
   x = ahead(0)
-  carry = gather(x["k_idx"], raw_everywhere=saves), x
+  carry = gather(x["k_idx"]), x
   if rows_from:
     carry = jax.lax.fori_loop(0, rows_from, functools.partial(token, save=False), carry)
-  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=saves), carry)
+  jax.lax.fori_loop(rows_from, T, functools.partial(token, save=bool(rows_ref)), carry)
 
 
 def _specs(block_v):
@@ -203,8 +204,9 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   18.3 ms for the forward alone, 32 with 4 19.4 (benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
   Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V], fp32 or table's dtype (its rows are rounded
   to that dtype as they are loaded; table holds m0 at t = 0), k_idx and
-  q_idx coded (~slot where the token's run has not written the slot); the rows saved are the raw table's, the
-  final table raw."""
+  q_idx coded (~slot where the token's run has not written the slot); the rows saved are those the math found (m0's
+  at stale slots), and with save_rows a second array follows them, reads [B, H, T - rows_from, R, V] in rows_dtype,
+  the rows each token read (the packed backward takes both and no table); the final table raw."""
   B, H, N, V = table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
@@ -214,10 +216,13 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   out_specs = [tile(N), tile(T)]
   if not 0 <= rows_from < T:
     raise ValueError(f"rows_from: expected a token in [0, T) = [0, {T}), got {rows_from}")
+  packed = m0 is not None
   if save_rows:
     out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, W, V), rows_dtype))
     out_specs.append(tile(T - rows_from, W))
-  packed = m0 is not None
+    if packed:
+      out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, R, V), rows_dtype))
+      out_specs.append(tile(T - rows_from, R))
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
               per_head(T, R), tile(N)]
   if packed:
@@ -236,18 +241,18 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
 
 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
-                k_read_ref, rows_ref, d_o_ref, table_in_ref, d_table_in_ref, *refs, packed, interpret):
-  del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
-  m0_ref = None
-  if packed:
-    m0_ref, d_m0_in_ref, *refs = refs
-    del d_m0_in_ref  # aliased with d_m0_ref
-  table_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref, *d_m0_ref = refs
+                k_read_ref, rows_ref, d_o_ref, *refs, packed, interpret):
+  if packed:  # no table: the rows each token read are saved (reads_ref), as are those it found (rows_ref)
+    reads_ref, d_table_in_ref, d_m0_in_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref, \
+        d_m0_ref = refs
+    del d_table_in_ref, d_m0_in_ref  # aliased with d_table_ref, d_m0_ref
+  else:
+    table_in_ref, d_table_in_ref, table_ref, d_table_ref, d_v_ref, d_k_w_ref, d_q_w_ref, d_g_ref, d_beta_ref = refs
+    del table_in_ref, d_table_in_ref  # aliased with table_ref, d_table_ref
   f32 = jnp.float32
   T, bv = v_ref.shape
   at_rows, barrier = _tools(bv, interpret)
   rows_at = functools.partial(_coded_rows, at_rows, packed=packed)
-  math_rows = lambda raw, at, fresh: _math_rows(raw, m0_ref, at, fresh, table_ref.dtype)
   inputs = dict(k_idx=k_idx_ref, k_w=k_w_ref, k_slot=k_slot_ref, k_first=k_first_ref, decay=decay_ref,
                 beta=beta_ref, v=v_ref, q_idx=q_idx_ref, q_slot=q_slot_ref, k_read=k_read_ref, d_o=d_o_ref)
   if packed:  # gathers dM at the write slots after the read's store: no k_read
@@ -257,19 +262,19 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
   def token(t, x):
     """x: token t's inputs, loaded during token t + 1; returns token t - 1's."""
     x_next = ahead(t - 1)  # issued first; used from the next token on
-    found_raw = rows_ref[t].astype(f32)  # loaded early: it depends on nothing the token writes
+    found = rows_ref[t].astype(f32)  # loaded early: it depends on nothing the token writes
     k_rows, k_fresh = rows_at(x["k_idx"])
     q_rows, q_fresh = rows_at(x["q_idx"])
     d_o = x["d_o"].astype(f32)
-    # Every row the token reads, in one round trip: M_t and dM at the read slots (packed: dM0's part at the stale
-    # ones), and, unpacked, dM at the write slots before the read's addition, which k_read supplies. Packed, those
-    # and m0's rows are gathered after the read's store: gathered in this round trip they spilled registers (544
+    # Every row the token reads, in one round trip: M_t at the read slots (packed: saved) and dM there (packed: dM0's
+    # part at the stale ones), and, unpacked, dM at the write slots before the read's addition, which k_read supplies.
+    # Packed, those are gathered after the read's store: gathered in this round trip they spilled registers (544
     # bytes a thread offline, against 16 this way) and the packed op ran 146 ms fwd+bwd against 99 (H100,
     # benchmarks/sdm/2026-12-06_h100_s24_packed_sdm_vs_9f3ee0e.md).
-    read = math_rows(_table_rows(table_ref, q_rows, q_fresh).astype(f32), q_rows, q_fresh)
+    read = (reads_ref[t] if packed else table_ref[q_rows]).astype(f32)
     d_read = _table_rows(d_table_ref, q_rows, q_fresh).astype(f32)
     if packed:
-      d_m0_read = _table_rows(d_m0_ref[0], q_rows, ~q_fresh)
+      d_m0_read = _table_rows(d_m0_ref, q_rows, ~q_fresh)
     else:
       k_read = x["k_read"][:, None]
       d_written = d_table_ref[k_rows].astype(f32)
@@ -281,11 +286,10 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     barrier()
     if packed:  # the read's cotangent of a stale row is m0's
       pltriton.store(d_table_ref.at[q_rows], (d_read + delta).astype(d_table_ref.dtype), mask=q_fresh)
-      pltriton.store(d_m0_ref[0].at[q_rows], d_m0_read + delta, mask=~q_fresh)
+      pltriton.store(d_m0_ref.at[q_rows], d_m0_read + delta, mask=~q_fresh)
     else:
       d_table_ref[q_rows] = (d_read + delta).astype(d_table_ref.dtype)
     # 2. The write of token t, from the rows it found (packed: m0's at stale slots).
-    found = math_rows(found_raw, k_rows, k_fresh)
     if packed:  # dM at the write slots, the read's addition included
       barrier()
       d_written = d_table_ref[k_rows].astype(f32)
@@ -301,14 +305,14 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_found = decay * (d_written + x["k_slot"][:, None] * dr)
     d_g_ref[pl.ds(t, 1)] = jnp.sum(jnp.sum(x["k_first"][:, None] * d_found * found, axis=1), axis=0, keepdims=True)
     if packed:
-      d_m0_found = _table_rows(d_m0_ref[0], k_rows, ~k_fresh)
+      d_m0_found = _table_rows(d_m0_ref, k_rows, ~k_fresh)
     barrier()  # a slot both read and written: the write's cotangent lands last
     if packed:  # the cotangent of a stale row is m0's: dM0 takes it, and dM there is 0 (the write replaced the row)
       d_table_ref[k_rows] = jnp.where(k_fresh, d_found, 0.0).astype(d_table_ref.dtype)
-      pltriton.store(d_m0_ref[0].at[k_rows], d_m0_found + d_found, mask=~k_fresh)
+      pltriton.store(d_m0_ref.at[k_rows], d_m0_found + d_found, mask=~k_fresh)
     else:
       d_table_ref[k_rows] = d_found.astype(d_table_ref.dtype)
-    table_ref[k_rows] = found_raw.astype(table_ref.dtype)
+      table_ref[k_rows] = found.astype(table_ref.dtype)  # the undo
     barrier()
     return x_next
 
@@ -317,7 +321,7 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
 def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, *,
-                      m0=None, d_m0=None, block_v=DEFAULT_LAUNCH.block_v, num_warps=DEFAULT_LAUNCH.num_warps,
+                      reads=None, d_m0=None, block_v=DEFAULT_LAUNCH.block_v, num_warps=DEFAULT_LAUNCH.num_warps,
                       num_stages=1, interpret=False):
   """table: the final table (fp32 or bf16), d_table: its cotangent dM, fp32 or bf16 (then every row of dM the
   kernel updates is rounded to bf16 as it is stored; the math stays fp32), both overwritten in place; k_read
@@ -331,34 +335,37 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   the one round trip a token (255 registers offline at block_v 64, 8 warps) it is still the fastest of five launches
   with a bf16 table on an H100 (benchmarks/sdm/2026-12-06_h100_s23_sdm_launch_bf16.md).
 
-  Packed documents (the module docstring): m0 and the coded k_idx, q_idx as for the forward, table raw; d_m0
-  [B, H, N, V] fp32, the cotangent of m0 so far (updated in place and returned last). dM returned is then 0 wherever
-  a run wrote (its first write there was stale); a backward over tokens lo..hi-1 alone takes those tokens' slices
-  and the raw table after token hi - 1, as unpacked. k_read is not read (it gathers dM at the write slots after the
-  read's store)."""
-  B, H, N, V = table.shape
+  Packed documents (the module docstring): table None, the coded k_idx, q_idx as for the forward, rows and reads the
+  packed forward's (the rows each token found and read); d_m0 [B, H, N, V] fp32, the cotangent of m0 so far (updated
+  in place). Returns (dM, d_v, d_k_w, d_q_w, d_g, d_beta, dM0): no table. dM returned is 0 wherever a run wrote (its
+  first write there was stale); a backward over tokens lo..hi-1 alone takes those tokens' slices. k_read is not read
+  (it gathers dM at the write slots after the read's store)."""
+  packed = reads is not None
+  if packed != (d_m0 is not None) or packed != (table is None):
+    raise ValueError("table, reads and d_m0: expected the table alone (unpacked) or reads and d_m0 without it (packed "
+                     "documents)")
+  B, H, N, V = d_table.shape
   T, W = k_idx.shape[2:]
   R = q_idx.shape[-1]
   block_v = min(block_v, V)
   nv = V // block_v
   per_head, tile, per_tile = _specs(block_v)
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  packed = m0 is not None
-  if packed != (d_m0 is not None):
-    raise ValueError("m0 and d_m0: expected both (packed documents) or neither")
-  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), jax.ShapeDtypeStruct(table.shape, d_table.dtype),
-               f32(B, H, T, V), f32(B, H, nv, T, W), f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
-  out_specs = [tile(N), tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
+  out_shape = [jax.ShapeDtypeStruct(d_table.shape, d_table.dtype), f32(B, H, T, V), f32(B, H, nv, T, W),
+               f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
+  out_specs = [tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
-              per_head(T, R), per_head(T, R), per_head(T, W), tile(T, W), tile(T), tile(N), tile(N)]
-  aliases = {12: 0, 13: 1}
-  documents = ()
-  if packed:
-    in_specs += [_m0_spec(m0, block_v), tile(N)]
+              per_head(T, R), per_head(T, R), per_head(T, W), tile(T, W), tile(T)]
+  if packed:  # reads, dM, dM0 in; dM first and dM0 last out
+    in_specs += [tile(T, R), tile(N), tile(N)]
     out_shape.append(f32(B, H, N, V))
     out_specs.append(tile(N))
-    aliases[15] = 7
-    documents = (m0, d_m0)
+    aliases, tables = {13: 0, 14: 6}, (reads, d_table, d_m0)
+  else:  # table, dM in; table first out
+    in_specs += [tile(N), tile(N)]
+    out_shape.insert(0, jax.ShapeDtypeStruct(table.shape, table.dtype))
+    out_specs.insert(0, tile(N))
+    aliases, tables = {12: 0, 13: 1}, (table, d_table)
   return pl.pallas_call(
       functools.partial(_bwd_kernel, packed=packed, interpret=interpret),
       out_shape=tuple(out_shape),
@@ -369,5 +376,4 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_tokens_bwd",
-  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, table, d_table,
-    *documents)
+  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, *tables)

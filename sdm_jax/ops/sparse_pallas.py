@@ -28,10 +28,12 @@ changes only the gradients (lossy).
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
 XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
 before (`packed_codes`: one sort per head of the row's T (W + R) indices), and the kernels read m0's row where it has
-not. No pass puts m0 back between runs and the backward replays nothing: it undoes the raw table as unpacked and
-sends the cotangent of every stale row to dM0. Every option above works with them (the replay of rows segments runs
-the packed forward). The final table is the kernels' on the last run's write slots and m0 elsewhere. Padding is
-masked by the caller: zero weights, g = 0 and beta = 0 write the rows a token found, bit for bit.
+not. No pass puts m0 back between runs and the backward replays nothing: the forward saves the rows each token read
+beside those it found (the op's training memory twice the unpacked op's: [B, H, T, R, V] more), so the backward needs
+no table and undoes nothing; it sends the cotangent of every stale row to dM0. Every option above works with them
+(the replay of rows segments runs the packed forward). The final table is the kernels' on the last run's write slots
+and m0 elsewhere. Padding is masked by the caller: zero weights, g = 0 and beta = 0 write the rows a token found, bit
+for bit.
 """
 
 import functools
@@ -179,13 +181,15 @@ def packed_codes(k_idx, q_idx, starts, N):
 
 class Residuals(NamedTuple):
   """What the forward saves for the backward. rows: [B, H, T_last, W, V] in the rows dtype, the rows the last
-  segment's tokens found before their writes (packed: the raw table's); m0: the initial table as the op got it
-  ([H, N, V] or [B, H, N, V]; None with one segment unpacked), what the backward replays the earlier segments from
-  and, packed, reads stale rows from; final: the kernels' final table [B, H, N, V] fp32 (packed: raw); the per-token
-  inputs as the op got them ([B, T, H, ...]); packed: Packed or None (unpacked)."""
+  segment's tokens found before their writes (packed: m0's at stale slots); reads: packed, [B, H, T_last, R, V], the
+  rows they read (None unpacked); m0: the initial table as the op got it ([H, N, V] or [B, H, N, V]; None with one
+  segment unpacked), what the backward replays the earlier segments from; final: unpacked, the kernels' final table
+  [B, H, N, V] (None packed: that backward has no table); the per-token inputs as the op got them ([B, T, H, ...]);
+  packed: Packed or None (unpacked)."""
   m0: Any
   final: Any
   rows: Any
+  reads: Any
   k_idx: Any
   k_w: Any
   v: Any
@@ -238,8 +242,10 @@ def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPE
   if not save:
     return (_tokens(o), final), None
   keep_m0 = len(bounds) > 2 or packed is not None
-  return (_tokens(o), final), Residuals(m0 if keep_m0 else None, raw, rows[0], k_idx, k_w, v, g, beta, q_idx, q_w,
-                                        packed)
+  # Packed, the backward needs no table: the rows each token read are saved beside those it found.
+  found, reads = rows if packed is not None else (rows[0], None)
+  return (_tokens(o), final), Residuals(m0 if keep_m0 else None, raw if packed is None else None, found, reads, k_idx,
+                                        k_w, v, g, beta, q_idx, q_w, packed)
 
 
 class BackwardTokens(NamedTuple):
@@ -319,7 +325,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
   if len(bounds) > 2:
     forward_args = (tokens.k_idx, tokens.k_w, tokens.k_slot, tokens.decay, tokens.beta, tokens.v, tokens.q_idx,
                     _heads(r.q_w))
-  table, d_table, rows = r.final, d_final.astype(jnp.float32), r.rows
+  table, d_table, rows, reads = r.final, d_final.astype(jnp.float32), r.rows, r.reads
   d_m0 = None
   if r.packed is not None:
     last = r.packed.written_last[..., None]
@@ -334,17 +340,18 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
       d_table, d_m0, m0, stale_rows = jax.lax.optimization_barrier((d_table, d_m0, r.m0, stale_rows))
-      table, _, rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *_token_slice(forward_args, 0, hi),
-                                         m0=stale_rows, rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
-                                         **launch[0]._asdict(), interpret=interpret())
+      table, _, rows, *reads = sparse_tokens_fwd(_batch_table(m0, B, table_dtype),
+                                                 *_token_slice(forward_args, 0, hi), m0=stale_rows,
+                                                 rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
+                                                 **launch[0]._asdict(), interpret=interpret())
+      reads = reads[0] if reads else None
     args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
     if r.packed is None:
       table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta = sparse_tokens_bwd(*args, **launch[1]._asdict(),
                                                                          interpret=interpret())
     else:
-      table, d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(*args, m0=stale_rows, d_m0=d_m0,
-                                                                               **launch[1]._asdict(),
-                                                                               interpret=interpret())
+      d_table, d_v, d_k_w, d_q_w, d_g, d_beta, d_m0 = sparse_tokens_bwd(None, *args[1:], reads=reads, d_m0=d_m0,
+                                                                        **launch[1]._asdict(), interpret=interpret())
     pieces.append((d_v, tile_sum(d_k_w), tile_sum(d_q_w), tile_sum(d_g), tile_sum(d_beta)))
   d_v, d_k_w, d_q_w, d_g, d_beta = (_tokens(jnp.concatenate(x[::-1], axis=2)) for x in zip(*pieces))
   d_m0 = (d_table if d_m0 is None else d_m0).astype(jnp.float32)

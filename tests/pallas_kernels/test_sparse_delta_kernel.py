@@ -62,8 +62,9 @@ def test_bf16_table_lowers_for_cuda():
     (True, jnp.bfloat16, jnp.bfloat16, 20, True), (True, jnp.bfloat16, jnp.float32, 0, False)])
 def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save_rows):
   """The packed variants (m0 given, DESIGN.md section 9): coded indices, rows loaded from the table or m0 under
-  masks and the backward's masked dM0 updates, m0 shared over the batch or per row, with a bf16 table (and bf16 dM
-  and m0, as `sparse_pallas` passes it), from a later token, and the forward that saves nothing."""
+  masks, the rows read saved too, and the backward without a table (from the saved rows) with its masked dM0
+  updates, m0 shared over the batch or per row, with a bf16 table (and bf16 dM and m0, as `sparse_pallas` passes
+  it), from a later token, and the forward that saves nothing."""
   T, W = 37, 128
   m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), table_dtype)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
@@ -73,19 +74,23 @@ def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save
   x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
   rows = jax.ShapeDtypeStruct((B, H, L, W, V), rows_dtype)
+  reads = jax.ShapeDtypeStruct((B, H, L, W, V), rows_dtype)  # R = W here
   d_table = table  # a bf16 table with its dM in bf16 too (table_grad_dtype), dM0 fp32
-  args = (table, d_table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
-  backward = lambda m, d_m0, *a: sparse_tokens_bwd(*a, m0=m, d_m0=d_m0)
-  assert _lowers_for_cuda(backward, (m0, TABLE, *args))
+  args = (d_table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
+  backward = lambda reads, d_m0, *a: sparse_tokens_bwd(None, *a, reads=reads, d_m0=d_m0)
+  assert _lowers_for_cuda(backward, (reads, TABLE, *args))
 
 
-def test_backward_takes_m0_and_d_m0_together():
+def test_backward_takes_the_table_or_reads_and_d_m0():
   T, W = 4, 16
   x = lambda *shape, dtype=jnp.float32: jnp.zeros((B, H, T, *shape), dtype)
   idx, table = x(W, dtype=jnp.int32), jnp.zeros(TABLE.shape)
-  args = (table, table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), x(W, V), x(V))
-  with pytest.raises(ValueError, match="m0 and d_m0"):
-    sparse_tokens_bwd(*args, m0=jnp.zeros((H, N, V)))
+  args = (idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), x(W, V), x(V))
+  reads = x(W, V)
+  for table_arg, packed in ((table, {"d_m0": table}), (None, {"reads": reads}), (None, {}),
+                            (table, {"reads": reads, "d_m0": table})):
+    with pytest.raises(ValueError, match="table, reads and d_m0"):
+      sparse_tokens_bwd(table_arg, table, *args, **packed)
 
 
 @pytest.mark.parametrize("block_v,num_warps,num_stages", [(8, 2, 1), (32, 8, 2), (64, 4, 1)])
