@@ -27,7 +27,7 @@ changes only the gradients (lossy).
 
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
 XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
-before (`packed_codes`: one sort per head of the row's T (W + R) indices), and the kernels read m0's row where it has
+before (`packed_codes`: one sort of every row's and head's T (W + R) indices), and the kernels read m0's row where it has
 not. No pass puts m0 back between runs and the backward replays nothing: the forward saves the rows each token read
 beside those it found (the op's training memory twice the unpacked op's: [B, H, T, R, V] more), so the backward needs
 no table and undoes nothing; it sends the cotangent of every stale row to dM0. Every option above works with them
@@ -126,42 +126,52 @@ def _forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, distinct=False):
 
 class Packed(NamedTuple):
   """Packed documents as the kernels take them, per head ([B, H, ...]): k_code [T, W] and q_code [T, R], the indices
-  coded by `_code_row` (~slot where the token's run has not written the slot yet), and written_last [N] bool, the
+  coded by `_codes` (~slot where the token's run has not written the slot yet), and written_last [N] bool, the
   slots the row's last run writes: the final table is the kernels' (raw) one there and m0 elsewhere."""
   k_code: Any
   q_code: Any
   written_last: Any
 
 
-def _code_row(k, q, run_start, N, one_key=None):
-  """One head of one row: k [T, W] and q [T, R] slots < N, run_start [T] (the first token of each token's run) ->
+def _codes(k, q, run_start, N, one_key=None):
+  """k [B, H, T, W] and q [B, H, T, R] slots < N, run_start [B, T] (the first token of each token's run) ->
   (k_code, q_code): a slot where the token's run wrote it before (a write index: at an earlier token; a read index,
-  read after its token's write: at that token or an earlier), else ~slot. One sort of all T (W + R) entries by
-  (slot, time); an entry's latest earlier write of its slot is then the last write entry before its group of equal
-  keys. The sort has one int32 key, slot * 2T + time, where N * 2T fits (one_key=None), else two."""
-  T, W = k.shape
-  time = lambda x, code: jnp.broadcast_to(2 * jnp.arange(T, dtype=jnp.int32)[:, None] + code, x.shape).reshape(-1)
-  slot = jnp.concatenate([k.reshape(-1), q.reshape(-1)])
-  # Token t's write gathers at time 2t, its read (after its write) at 2t + 1.
-  when = jnp.concatenate([time(k, 0), time(q, 1)])
+  read after its token's write: at that token or an earlier), else ~slot. One sort of all B H T (W + R) entries,
+  laid out by (row, head, token, write before read), by the key (row, head, slot), stable: equal keys keep that
+  time order, so an entry's latest earlier write of its slot is the last write entry before its group (the entries
+  of one token and kind with that slot). The key is one uint32, row-head * N + slot, where it fits (one_key=None):
+  one batch with an unsigned key is what XLA's sort rewriter gives to CUB's radix sort on Hopper (a sort batched
+  over rows and heads, as before session 29, stays XLA's own at these sizes); else two int32 keys."""
+  B, H, T, W = k.shape
+  E = W + q.shape[-1]
+  slot = jnp.concatenate([k, q], axis=-1).reshape(B * H, T * E)
   n = slot.size
   position = jnp.arange(n, dtype=jnp.int32)
   if one_key is None:
-    one_key = N * 2 * T <= jnp.iinfo(jnp.int32).max
-  if one_key:  # a radix sort of key and position on a GPU
-    key, position = jax.lax.sort((slot * (2 * T) + when, position), num_keys=1)
-    slot, when = key // (2 * T), key % (2 * T)
+    one_key = B * H * N <= 2 ** 32
+  if one_key:
+    key = (jnp.arange(B * H, dtype=jnp.uint32)[:, None] * jnp.uint32(N) + slot.astype(jnp.uint32)).reshape(-1)
+    key, position = jax.lax.sort((key, position), num_keys=1, is_stable=True)
+    keys = (key,)
   else:
-    slot, when, position = jax.lax.sort((slot, when, position), num_keys=2)
-  is_write = position < T * W
-  new_key = jnp.concatenate([jnp.ones(1, bool), (slot[1:] != slot[:-1]) | (when[1:] != when[:-1])])
-  group_start = jax.lax.cummax(jnp.where(new_key, jnp.arange(n, dtype=jnp.int32), 0))
-  last_write = jax.lax.cummax(jnp.where(is_write, jnp.arange(n, dtype=jnp.int32), -1))
+    row_head = jnp.broadcast_to(jnp.arange(B * H, dtype=jnp.int32)[:, None], slot.shape).reshape(-1)
+    *keys, position = jax.lax.sort((row_head, slot.reshape(-1), position), num_keys=2, is_stable=True)
+  row_head, entry = position // (T * E), position % (T * E)
+  token, is_write = entry // E, entry % E < W
+  when = 2 * token + (~is_write).astype(jnp.int32)  # a token's write at 2t, its read (after its write) at 2t + 1
+  index = jnp.arange(n, dtype=jnp.int32)
+  new_group = jnp.concatenate([jnp.ones(1, bool), functools.reduce(
+      jnp.logical_or, [x[1:] != x[:-1] for x in (*keys, when)])])
+  group_start = jax.lax.cummax(jnp.where(new_group, index, 0))
+  last_write = jax.lax.cummax(jnp.where(is_write, index, -1))
   before = jnp.where(group_start > 0, last_write[jnp.maximum(group_start - 1, 0)], -1)
-  written = ((before >= 0) & (slot[jnp.maximum(before, 0)] == slot)
-             & (when[jnp.maximum(before, 0)] // 2 >= run_start[when // 2]))
-  code = jnp.zeros(n, jnp.int32).at[position].set(jnp.where(written, slot, ~slot), unique_indices=True)
-  return code[:T * W].reshape(k.shape), code[T * W:].reshape(q.shape)
+  earlier = jnp.maximum(before, 0)
+  same_slot = functools.reduce(jnp.logical_and, [x[earlier] == x for x in keys])
+  written = (before >= 0) & same_slot & (token[earlier] >= run_start[row_head // H, token])
+  value = (keys[-1] % keys[-1].dtype.type(N)).astype(jnp.int32)  # the entry's slot
+  code = jnp.zeros(n, jnp.int32).at[position].set(jnp.where(written, value, ~value), unique_indices=True)
+  code = code.reshape(B, H, T, E)
+  return code[..., :W], code[..., W:]
 
 
 def packed_codes(k_idx, q_idx, starts, N):
@@ -171,8 +181,7 @@ def packed_codes(k_idx, q_idx, starts, N):
   t = jnp.arange(T, dtype=jnp.int32)
   run_start = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
   k, q = _heads(k_idx), _heads(q_idx)
-  per_head = jax.vmap(functools.partial(_code_row, N=N), in_axes=(0, 0, None))
-  k_code, q_code = jax.vmap(per_head)(k, q, run_start)
+  k_code, q_code = _codes(k, q, run_start, N)
   last = (t >= run_start[:, -1:])[:, None, :, None]  # [B, 1, T, 1]: the tokens of each row's last run
   mark = lambda rows: jnp.zeros(N, bool).at[rows.reshape(-1)].set(True, mode="drop")
   written_last = jax.vmap(jax.vmap(mark))(jnp.where(last, k, N))

@@ -195,21 +195,23 @@ def test_bad_segment_ids_raise(segment_ids, match):
 
 @pytest.mark.parametrize("one_key", [True, False])
 def test_packed_codes_mark_what_each_run_wrote(one_key):
-  """The pallas path's index coding (`sparse_pallas._code_row`, with its one-key and two-key sorts) against its
-  definition, token by token: a write index is fresh where its run wrote the slot at an earlier token, a read index
-  where its run wrote it at this token or an earlier one; N small so that slots repeat within and across tokens."""
-  from sdm_jax.ops.sparse_pallas import _code_row
-  Tc, n, starts = 30, 12, (0, 7, 8, 19)
+  """The pallas path's index coding (`sparse_pallas._codes`, with its one-key and two-key sorts of all rows and heads
+  at once) against its definition, token by token in every row and head: a write index is fresh where its run wrote
+  the slot at an earlier token, a read index where its run wrote it at this token or an earlier one; N small so that
+  slots repeat within and across tokens, rows and heads (a row's writes must not count for another's)."""
+  from sdm_jax.ops.sparse_pallas import _codes
+  B, H, Tc, n = 2, 2, 30, 12
   rng = np.random.default_rng(6)
-  k, q = rng.integers(0, n, (Tc, 4)), rng.integers(0, n, (Tc, 3))
-  run_start = np.zeros(Tc, np.int32)
-  for s in starts:
-    run_start[s:] = s
-  k_code, q_code = _code_row(jnp.asarray(k, jnp.int32), jnp.asarray(q, jnp.int32), jnp.asarray(run_start), N=n,
-                             one_key=one_key)
-  for t in range(Tc):
-    written = lambda last: set(k[run_start[t]:last].reshape(-1))
-    assert [c >= 0 for c in np.asarray(k_code[t])] == [s in written(t) for s in k[t]]
-    assert [c >= 0 for c in np.asarray(q_code[t])] == [s in written(t + 1) for s in q[t]]
-    assert np.array_equal(np.where(np.asarray(k_code[t]) < 0, ~np.asarray(k_code[t]), k_code[t]), k[t])
-    assert np.array_equal(np.where(np.asarray(q_code[t]) < 0, ~np.asarray(q_code[t]), q_code[t]), q[t])
+  k, q = rng.integers(0, n, (B, H, Tc, 4)), rng.integers(0, n, (B, H, Tc, 3))
+  run_start = np.zeros((B, Tc), np.int32)
+  for b, starts in enumerate([(0, 7, 8, 19), (0, 13)]):
+    for s in starts:
+      run_start[b, s:] = s
+  k_code, q_code = map(np.asarray, _codes(jnp.asarray(k, jnp.int32), jnp.asarray(q, jnp.int32),
+                                          jnp.asarray(run_start), N=n, one_key=one_key))
+  for b, h, t in np.ndindex(B, H, Tc):
+    written = lambda last: set(k[b, h, run_start[b, t]:last].reshape(-1))
+    assert [c >= 0 for c in k_code[b, h, t]] == [s in written(t) for s in k[b, h, t]], (b, h, t)
+    assert [c >= 0 for c in q_code[b, h, t]] == [s in written(t + 1) for s in q[b, h, t]], (b, h, t)
+    assert np.array_equal(np.where(k_code[b, h, t] < 0, ~k_code[b, h, t], k_code[b, h, t]), k[b, h, t])
+    assert np.array_equal(np.where(q_code[b, h, t] < 0, ~q_code[b, h, t], q_code[b, h, t]), q[b, h, t])
