@@ -36,7 +36,8 @@ pass restores m0 between runs: the caller codes every index by whether the token
 (the write indices: at an earlier token; the read indices: at this token or an earlier one), a slot it has not as
 ~slot (< 0), and the kernels take that row from m0 instead of the table (loading the table's row only where the slot
 is fresh). The table thus holds what the latest run to write each slot left there ("raw"), which the math never
-reads at a stale slot. So the packed backward does not undo the writes: the forward saves the rows each token read
+reads at a stale slot; nor does it read a row that no token has written, so the packed forward takes no table: its
+table is an output alone (not initialised: no copy of m0 into it). So the packed backward does not undo the writes: the forward saves the rows each token read
 as well as those it found (both as the math took them), and the backward walks the tokens on dM alone, sending the
 cotangent that reaches a stale row to dM0 instead of dM (and leaving dM 0 where a stale write was), so that dM holds
 only the current run's. Its row traffic a token, against the unpacked op's 4 forward and 7 backward row sets (p the
@@ -127,12 +128,12 @@ def _write(table_ref, x, k_rows, rows, barrier):
   barrier()  # the writes land before the reads
 
 
-def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, table_in_ref, *refs,
-                rows_from, packed, interpret):
-  del table_in_ref  # aliased with table_ref
-  m0_ref = None
-  if packed:
-    m0_ref, *refs = refs
+def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_w_ref, *refs, rows_from,
+                packed, interpret):
+  # After the per-token inputs: packed, m0 (no table in: the table is an output alone, its rows read only after a
+  # token of the run wrote them); unpacked, the table in, aliased with table_ref.
+  m0_ref, *refs = refs
+  m0_ref = m0_ref if packed else None
   table_ref, o_ref, *rows_ref = refs
   f32 = jnp.float32
   T, bv = v_ref.shape
@@ -191,10 +192,10 @@ def _m0_spec(m0, block_v):
   return pl.BlockSpec((sq, sq, N, block_v), lambda b, h, j: (b, h, 0, j))
 
 
-@functools.partial(jax.jit, static_argnames=("save_rows", "rows_dtype", "rows_from", "block_v", "num_warps",
-                                             "num_stages", "interpret"))
-def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, save_rows=True,
-                      rows_dtype=jnp.float32, rows_from=0, block_v=DEFAULT_LAUNCH.block_v,
+@functools.partial(jax.jit, static_argnames=("table_dtype", "save_rows", "rows_dtype", "rows_from", "block_v",
+                                             "num_warps", "num_stages", "interpret"))
+def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, m0=None, table_dtype=None,
+                      save_rows=True, rows_dtype=jnp.float32, rows_from=0, block_v=DEFAULT_LAUNCH.block_v,
                       num_warps=DEFAULT_LAUNCH.num_warps, num_stages=1, interpret=False):
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
@@ -202,21 +203,27 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
   settings (the H200 bench shape, B 4, T 4096, H 2, V 1,024, inputs loaded a token ahead): block_v 64 with 8 warps
   18.3 ms for the forward alone, 32 with 4 19.4 (benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
-  Packed documents (the module docstring): m0 [H, N, V] or [B, H, N, V], fp32 or table's dtype (its rows are rounded
-  to that dtype as they are loaded; table holds m0 at t = 0), k_idx and
-  q_idx coded (~slot where the token's run has not written the slot); the rows saved are those the math found (m0's
-  at stale slots), and with save_rows a second array follows them, reads [B, H, T - rows_from, R, V] in rows_dtype,
-  the rows each token read (the packed backward takes both and no table); the final table raw."""
-  B, H, N, V = table.shape
-  T, W = k_idx.shape[2:]
+  Packed documents (the module docstring): table None, table_dtype the table's (fp32 or bf16; default m0's), m0
+  [H, N, V] or [B, H, N, V], fp32 or the table's dtype (its rows rounded to that dtype as they are loaded), k_idx and
+  q_idx coded (~slot where the token's run has not written the slot); the rows
+  saved are those the math found (m0's at stale slots), and with save_rows a second array follows them, reads
+  [B, H, T - rows_from, R, V] in rows_dtype, the rows each token read (the packed backward takes both and no table);
+  the final table raw (rows no token wrote undefined: the caller puts m0 there)."""
+  packed = m0 is not None
+  if packed == (table is not None) or (table_dtype is not None and not packed):
+    raise ValueError("sparse_tokens_fwd: expected a table (unpacked) or m0 and optionally table_dtype (packed), got "
+                     f"table {'None' if table is None else table.shape}, m0 {'None' if m0 is None else m0.shape} "
+                     f"and table_dtype {table_dtype}")
+  B, H, T, W = k_idx.shape
+  N, V = (m0 if packed else table).shape[-2:]
+  dtype = table.dtype if not packed else m0.dtype if table_dtype is None else jnp.dtype(table_dtype)
   R = q_idx.shape[-1]
   block_v = min(block_v, V)
   per_head, tile, _ = _specs(block_v)
-  out_shape = [jax.ShapeDtypeStruct(table.shape, table.dtype), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
+  out_shape = [jax.ShapeDtypeStruct((B, H, N, V), dtype), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
   out_specs = [tile(N), tile(T)]
   if not 0 <= rows_from < T:
     raise ValueError(f"rows_from: expected a token in [0, T) = [0, {T}), got {rows_from}")
-  packed = m0 is not None
   if save_rows:
     out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, W, V), rows_dtype))
     out_specs.append(tile(T - rows_from, W))
@@ -224,20 +231,18 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
       out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, R, V), rows_dtype))
       out_specs.append(tile(T - rows_from, R))
   in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
-              per_head(T, R), tile(N)]
-  if packed:
-    in_specs.append(_m0_spec(m0, block_v))
+              per_head(T, R), _m0_spec(m0, block_v) if packed else tile(N)]
   return pl.pallas_call(
       functools.partial(_fwd_kernel, rows_from=rows_from, packed=packed, interpret=interpret),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
       in_specs=in_specs,
       out_specs=tuple(out_specs),
-      input_output_aliases={8: 0},
+      input_output_aliases={} if packed else {8: 0},
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="sparse_tokens_fwd",
-  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, table, *(() if m0 is None else (m0,)))
+  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, m0 if packed else table)
 
 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,

@@ -216,6 +216,11 @@ def segment_bounds(T, rows_segments):
   return [k * T // K for k in range(K + 1)]
 
 
+def _packed_dtype(packed, table_dtype):
+  """sparse_tokens_fwd's table_dtype: packed, the table's (the kernel makes the table); None unpacked (it gets one)."""
+  return None if packed is None else jnp.dtype(table_dtype)
+
+
 def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
   return jnp.broadcast_to(m0, (B, *m0.shape[-3:])).astype(table_dtype)
 
@@ -244,9 +249,10 @@ def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPE
   bounds = segment_bounds(T, rows_segments)
   args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
   stale_rows = _stale_rows(m0, packed, table_dtype)
-  raw, o, *rows = sparse_tokens_fwd(_batch_table(m0, B, table_dtype), *args, m0=stale_rows, save_rows=save,
-                                    rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2], **launch[0]._asdict(),
-                                    interpret=interpret())
+  table = None if packed is not None else _batch_table(m0, B, table_dtype)  # packed: the kernel's own (no copy)
+  raw, o, *rows = sparse_tokens_fwd(table, *args, m0=stale_rows, table_dtype=_packed_dtype(packed, table_dtype),
+                                    save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
+                                    **launch[0]._asdict(), interpret=interpret())
   final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, stale_rows.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
@@ -349,8 +355,9 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
       d_table, d_m0, m0, stale_rows = jax.lax.optimization_barrier((d_table, d_m0, r.m0, stale_rows))
-      table, _, rows, *reads = sparse_tokens_fwd(_batch_table(m0, B, table_dtype),
-                                                 *_token_slice(forward_args, 0, hi), m0=stale_rows,
+      start = None if r.packed is not None else _batch_table(m0, B, table_dtype)
+      table, _, rows, *reads = sparse_tokens_fwd(start, *_token_slice(forward_args, 0, hi), m0=stale_rows,
+                                                 table_dtype=_packed_dtype(r.packed, table_dtype),
                                                  rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
                                                  **launch[0]._asdict(), interpret=interpret())
       reads = reads[0] if reads else None

@@ -68,8 +68,9 @@ def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save
   T, W = 37, 128
   m0 = jax.ShapeDtypeStruct((H, N, V) if shared else (B, H, N, V), table_dtype)
   table = jax.ShapeDtypeStruct((B, H, N, V), table_dtype)
-  forward = lambda m, *a: sparse_tokens_fwd(*a, m0=m, save_rows=save_rows, rows_dtype=rows_dtype, rows_from=rows_from)
-  assert _lowers_for_cuda(forward, (m0, table, *_forward_args(T, W)[1:]))
+  forward = lambda m, *a: sparse_tokens_fwd(None, *a, m0=m, table_dtype=table_dtype, save_rows=save_rows,
+                                            rows_dtype=rows_dtype, rows_from=rows_from)  # packed: no table in
+  assert _lowers_for_cuda(forward, (m0, *_forward_args(T, W)[1:]))
   L = T - rows_from
   x = lambda *shape, dtype=jnp.float32: _per_token(L, *shape, dtype=dtype)
   idx = x(W, dtype=jnp.int32)
@@ -79,6 +80,16 @@ def test_packed_lowers_for_cuda(shared, table_dtype, rows_dtype, rows_from, save
   args = (d_table, idx, x(W), x(W), x(W), x(), x(), x(V), idx, x(W), x(W), rows, x(V))
   backward = lambda reads, d_m0, *a: sparse_tokens_bwd(None, *a, reads=reads, d_m0=d_m0)
   assert _lowers_for_cuda(backward, (reads, TABLE, *args))
+
+
+def test_forward_takes_the_table_or_m0():
+  T, W = 4, 16
+  x = lambda *shape, dtype=jnp.float32: jnp.zeros((B, H, T, *shape), dtype)
+  idx, table = x(W, dtype=jnp.int32), jnp.zeros(TABLE.shape)
+  args = (idx, x(W), x(W), x(), x(), x(V), idx, x(W))
+  for table_arg, m0, dtype in ((table, table[0], None), (None, None, None), (table, None, "float32")):
+    with pytest.raises(ValueError, match="a table .unpacked. or m0 and optionally table_dtype .packed."):
+      sparse_tokens_fwd(table_arg, *args, m0=m0, table_dtype=dtype, interpret=True)
 
 
 def test_backward_takes_the_table_or_reads_and_d_m0():
