@@ -37,13 +37,14 @@ pass restores m0 between runs: the caller codes every index by whether the token
 ~slot (< 0), and the kernels take that row from m0 instead of the table (loading the table's row only where the slot
 is fresh). The table thus holds what the latest run to write each slot left there ("raw"), which the math never
 reads at a stale slot; nor does it read a row that no token has written, so the packed forward takes no table: its
-table is an output alone (not initialised: no copy of m0 into it). So the packed backward does not undo the writes: the forward saves the rows each token read
-as well as those it found (both as the math took them), and the backward walks the tokens on dM alone, sending the
-cotangent that reaches a stale row to dM0 instead of dM (and leaving dM 0 where a stale write was), so that dM holds
-only the current run's. Its row traffic a token, against the unpacked op's 4 forward and 7 backward row sets (p the
-stale share of the entries): 5 forward (the reads saved) and 6 + 2p backward (no table rows read or restored; dM0
-read and written at the stale write slots), at twice the saved rows. The final table is raw outside the last run's
-write slots (the caller puts m0 there).
+table is an output alone (not initialised: no copy of m0 into it). So the packed backward does not undo the writes:
+the forward saves the rows each token read as well as those it found (both as the math took them), and the backward
+walks the tokens on dM alone, sending the cotangent that reaches a stale row to dM0 instead of dM (and leaving dM 0
+where a stale write was), so that dM holds only the current run's. Its row traffic a token, against the unpacked
+op's 4 forward and 7 backward row sets (p the stale share of the entries): 5 forward (the reads saved) and 6 + 2p
+backward (no table rows read or restored; dM0 read and written at the stale write slots), at twice the saved rows.
+The final table comes out raw (rows no token wrote undefined): the caller puts m0 outside the last run's write
+slots.
 """
 
 import functools

@@ -27,13 +27,13 @@ changes only the gradients (lossy).
 
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
 XLA first codes every index by whether the token's run (its document and the padding after it) has written that slot
-before (`packed_codes`: one sort of every row's and head's T (W + R) indices), and the kernels read m0's row where it has
-not. No pass puts m0 back between runs and the backward replays nothing: the forward saves the rows each token read
-beside those it found (the op's training memory twice the unpacked op's: [B, H, T, R, V] more), so the backward needs
-no table and undoes nothing; it sends the cotangent of every stale row to dM0. Every option above works with them
-(the replay of rows segments runs the packed forward). The final table is the kernels' on the last run's write slots
-and m0 elsewhere. Padding is masked by the caller: zero weights, g = 0 and beta = 0 write the rows a token found, bit
-for bit.
+before (`packed_codes`: one sort of every row's and head's T (W + R) indices), and the kernels read m0's row where
+it has not. No pass puts m0 back between runs and the backward replays nothing: the forward saves the rows each
+token read beside those it found (the op's training memory twice the unpacked op's: [B, H, T, R, V] more), so the
+backward needs no table and undoes nothing; it sends the cotangent of every stale row to dM0. Every option above
+works with them (the replay of rows segments runs the packed forward). The final table is the kernels' on the last
+run's write slots and m0 elsewhere. Padding is masked by the caller: zero weights, g = 0 and beta = 0 write the rows
+a token found, bit for bit.
 """
 
 import functools
