@@ -10,7 +10,9 @@
 # With the device tool: command "bash benchmarks/recall/run_h200.sh <step>", carry [".whl"].
 # steps: default  the default MQAR config learned (mqar.py:gdn2 at lr 1e-2 and 3e-3, its default), 1 seed
 #        state    MQAR accuracy against the recurrent state, every mixer at WIDTHS (default 128; "64 128 256"),
-#                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two)
+#                 SEEDS seeds from FIRST_SEED (default 1 from 0: a later call with FIRST_SEED=1 SEEDS=2 adds two), into
+#                 runs/recall/$STATE_DIR (default state); LRS='1e-3|1e-2' adds a learning-rate axis (Zoology tunes it
+#                 per model: whether a model that stays on the loss plateau at width 256 is short of steps or of rate)
 #        niah     NIAH_TASKS (default s_niah_1 mk_niah_1; any of s_niah_1-3, mk_niah_1-3), trained 3000 steps at 1024
 #                 bytes and evaluated at 1K-8K, NIAH_MIXERS at width 128 (default gdn2 sdm swa attention), into
 #                 runs/recall/$NIAH_DIR (default niah); NIAH_VARIANTS='v1|v2|...' (recall.py's variants) replaces the
@@ -94,8 +96,9 @@ for step in ${*:-default}; do
     default)  # 2 runs x 3000 steps
       sweep 530 default --config=experiments/configs/mqar.py:gdn2 --grid='train.learning_rate=1e-2|3e-3' ;;
     state)  # 8 runs x 1500 steps a width and seed, evaluated again on fixed numbers of pairs (Zoology's test sets)
-      sweep 530 state --config=experiments/configs/recall.py:mqar_gdn --config.train.steps=1500 \
-        --grid="variant=$(variants mqar "$WIDTHS")" --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
+      sweep "${STEP_LIMIT:-530}" "${STATE_DIR:-state}" --config=experiments/configs/recall.py:mqar_gdn \
+        --config.train.steps=1500 --grid="variant=$(variants mqar "$WIDTHS")${LRS:+;train.learning_rate=$LRS}" \
+        --seeds="$SEEDS" --first_seed="$FIRST_SEED" \
         --eval_grid='data.min_kv_pairs=0;data.num_kv_pairs,data.num_queries=4,4|16,16|32,32' --eval_batches=4 ;;
     seqlen)  # MQAR at other sequence lengths (Zoology's 64-512): MIXERS x SEQ_POINTS runs x 1500 steps at width 128, the
       # state step's protocol with the largest number of pairs scaled to the length (seq_len / 8, mixed down to 4),
