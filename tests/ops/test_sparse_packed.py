@@ -5,7 +5,9 @@ and per batch row) -- for impl="scan", "chunk" (documents starting inside a chun
 padding gives 0 and gets exactly zero gradient; a row that is one document is the unpacked op.
 
 The documents alone run as one batch of rows, each from its row's m0 and followed by inert tokens (k_w, v, g, beta
-and q_w 0: the scan writes the rows it found and reads 0, bit for bit).
+and q_w 0: the scan writes the rows it found and reads 0, bit for bit). The packed forward kernel gets no table (its
+table is an output alone), and interpret mode fills such an output with NaN: a row read before any token of its
+document wrote it would show here as NaN.
 """
 
 import functools
