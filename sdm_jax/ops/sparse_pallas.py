@@ -154,8 +154,8 @@ def _codes(k, q, run_start, N, one_key=None):
     key, position = jax.lax.sort((key, position), num_keys=1, is_stable=True)
     keys = (key,)
   else:
-    row_head = jnp.broadcast_to(jnp.arange(B * H, dtype=jnp.int32)[:, None], slot.shape).reshape(-1)
-    *keys, position = jax.lax.sort((row_head, slot.reshape(-1), position), num_keys=2, is_stable=True)
+    row_heads = jnp.broadcast_to(jnp.arange(B * H, dtype=jnp.int32)[:, None], slot.shape).reshape(-1)
+    *keys, position = jax.lax.sort((row_heads, slot.reshape(-1), position), num_keys=2, is_stable=True)
   row_head, entry = position // (T * E), position % (T * E)
   token, is_write = entry // E, entry % E < W
   when = 2 * token + (~is_write).astype(jnp.int32)  # a token's write at 2t, its read (after its write) at 2t + 1
@@ -216,9 +216,13 @@ def segment_bounds(T, rows_segments):
   return [k * T // K for k in range(K + 1)]
 
 
-def _packed_dtype(packed, table_dtype):
-  """sparse_tokens_fwd's table_dtype: packed, the table's (the kernel makes the table); None unpacked (it gets one)."""
-  return None if packed is None else jnp.dtype(table_dtype)
+def _start_table(m0, B, packed, table_dtype):
+  """sparse_tokens_fwd's (table, table_dtype): unpacked, m0 broadcast over the batch in table_dtype (the kernel
+  writes into it); packed, no table and its dtype (the kernel makes the table: it never reads a row no token of the
+  run wrote)."""
+  if packed is None:
+    return _batch_table(m0, B, table_dtype), None
+  return None, jnp.dtype(table_dtype)
 
 
 def _batch_table(m0, B, table_dtype=ROWS_DTYPES[0]):
@@ -249,8 +253,8 @@ def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPE
   bounds = segment_bounds(T, rows_segments)
   args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
   stale_rows = _stale_rows(m0, packed, table_dtype)
-  table = None if packed is not None else _batch_table(m0, B, table_dtype)  # packed: the kernel's own (no copy)
-  raw, o, *rows = sparse_tokens_fwd(table, *args, m0=stale_rows, table_dtype=_packed_dtype(packed, table_dtype),
+  table, kernel_table_dtype = _start_table(m0, B, packed, table_dtype)
+  raw, o, *rows = sparse_tokens_fwd(table, *args, m0=stale_rows, table_dtype=kernel_table_dtype,
                                     save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
                                     **launch[0]._asdict(), interpret=interpret())
   final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, stale_rows.astype(table_dtype))
@@ -355,9 +359,9 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
       # The barrier keeps XLA from running the replay before the later segment's backward: it would then hold the
       # rows of both segments at once.
       d_table, d_m0, m0, stale_rows = jax.lax.optimization_barrier((d_table, d_m0, r.m0, stale_rows))
-      start = None if r.packed is not None else _batch_table(m0, B, table_dtype)
+      start, kernel_table_dtype = _start_table(m0, B, r.packed, table_dtype)
       table, _, rows, *reads = sparse_tokens_fwd(start, *_token_slice(forward_args, 0, hi), m0=stale_rows,
-                                                 table_dtype=_packed_dtype(r.packed, table_dtype),
+                                                 table_dtype=kernel_table_dtype,
                                                  rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
                                                  **launch[0]._asdict(), interpret=interpret())
       reads = reads[0] if reads else None
