@@ -152,13 +152,13 @@ class Checkpointer:
     if optimizer is not None and (held := int(restored["optimizer"]["step"][...])) != step:
       return f"holds an optimizer at step {held}", None
     prints, non_finite = fingerprints({name: restored[name] for name in args if name != "data"})
-    if non_finite:
-      return f"has a non-finite array ({non_finite[0]})", None
-    for name, restored_prints in prints.items():
+    for name, restored_prints in prints.items():  # first: damage of any kind, finite or not, shows here
       saved = meta.get("fingerprints", {}).get(name)  # checkpoints written before fingerprints have none
       if saved is not None and (changed := sorted(k for k in saved if restored_prints.get(k) != saved[k])):
         return (f"is damaged: its {name} array {changed[0]} differs from what was saved ({len(changed)} such "
                 f"arrays)"), None
+    if non_finite:  # only a checkpoint without fingerprints gets here with one
+      return f"has a non-finite array ({non_finite[0]})", None
     return None, restored
 
   def _discard(self, step, problem, move):
