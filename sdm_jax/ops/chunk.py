@@ -14,6 +14,10 @@ from sdm_jax.ops.segments import chunk_documents
 
 HIGHEST = jax.lax.Precision.HIGHEST
 SUB_CHUNK = 16
+# impl="chunk"'s rule when the op is not told a chunk size: 64, clamped to the sequence's padded length
+# (`validation.chunk_size_for`). Not chosen by a GPU measurement: this form is the CPU path and the kernels'
+# reference, and its result does not depend on the size.
+CHUNK_SIZE = 64
 
 
 def _einsum(spec, *xs):

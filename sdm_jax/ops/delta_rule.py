@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.mixer_inputs import FORMED, form
-from sdm_jax.ops.chunk import delta_rule_chunk
+from sdm_jax.ops.chunk import CHUNK_SIZE, delta_rule_chunk
 from sdm_jax.ops.inputs import accumulation_dtype, l2norm, reference_inputs
-from sdm_jax.ops.pallas import delta_rule_pallas
+from sdm_jax.ops.pallas import PallasOpSettings, delta_rule_pallas
 from sdm_jax.ops.scan import delta_rule_scan
 from sdm_jax.ops.segments import check_segment_ids, kernel_masks, mask_inputs, mask_padding
 from sdm_jax.ops.validation import check_options, check_scale, check_shape, chunk_size_for, empty_outputs
@@ -35,20 +35,32 @@ def _rule_options(q, z, g, scale, initial_state, acc):
   return g.astype(acc), scale, state.astype(acc)
 
 
-def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="auto", chunk_size=64,
+def chunk_size_of(impl, chunk_size, T):
+  """The chunk size `impl` ("scan", "chunk" or "pallas": resolved, not "auto") runs T tokens at.
+
+  chunk_size: an int, or None for the impl's rule (DESIGN.md section 2): impl="pallas" `PallasOpSettings.default()`
+  (its kernels take 16, 32 or 64, never clamped); impl="chunk" `chunk.CHUNK_SIZE`. The chunked form's size, given or
+  not, is clamped to T's padded length (`validation.chunk_size_for`); impl="scan" has no chunks and ignores it."""
+  if impl == "pallas":
+    return PallasOpSettings.default().chunk_size if chunk_size is None else chunk_size
+  return chunk_size_for(CHUNK_SIZE if chunk_size is None else chunk_size, T)
+
+
+def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="auto", chunk_size=None,
                            io_dtype=None, segment_ids=None):
   """Runs the generalized rule on already-formed keys and values.
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
   initial_state: [B, H, K, V] or None. Computes in fp32 (float64 when the inputs are float64).
   impl: "auto" ("pallas" on a GPU, else "chunk"), "scan", "chunk" or "pallas".
+  chunk_size: a power of two, or None for the impl's rule (`chunk_size_of`).
   io_dtype: the dtype q, u, e, z are stored in for impl="pallas" (default: that of z).
   segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): each starts from the zero
   state but the first of a row (initial_state), padding (id 0) is inert with output 0, the final state is the
   last document's.
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
-  impl = check_options(impl, chunk_size)
+  impl = check_options(impl, chunk_size, rule=True)
   check_scale(scale)
   dims = {}
   for name, x, names in (("q", q, KEY), ("u", u, KEY), ("e", e, KEY), ("z", z, VALUE)):
@@ -59,7 +71,7 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   if (empty := empty_outputs(dims, acc, acc, initial_state)) is not None:
     return empty
-  chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
+  chunk_size = chunk_size_of(impl, chunk_size, dims["T"])
   starts = keep = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)
@@ -97,7 +109,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   zeroed by XLA before the launch that forms the kernels' inputs).
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
-  impl = check_options(impl, chunk_size)
+  impl = check_options(impl, chunk_size, rule=True)
   check_scale(scale)
   dims = {}
   check_shape("q", q, KEY, dims)
@@ -110,7 +122,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   g, *arrays = [x for x, _ in gates.values()]
   if (empty := empty_outputs(dims, v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays), initial_state)) is not None:
     return empty[0], empty[1] if output_final_state else None
-  chunk_size = chunk_size if impl == "pallas" else chunk_size_for(chunk_size, dims["T"])
+  chunk_size = chunk_size_of(impl, chunk_size, dims["T"])
   starts = keep = real = None
   if segment_ids is not None:
     segment_ids = check_segment_ids(segment_ids, dims)

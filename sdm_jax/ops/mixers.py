@@ -4,8 +4,9 @@
 Shared signature: q, k [B, T, H, K]; v [B, T, H, V]; g the natural-log decay (<= 0); gates in
 [0, 1]; a mixer's build takes k, v and the gates other than g. Keyword options: scale (default K**-0.5),
 initial_state [B, H, K, V], output_final_state, use_qk_l2norm, impl in {"auto", "scan", "chunk", "pallas"} (default
-"auto": "pallas" on a GPU, "chunk" elsewhere), chunk_size (a power of two), segment_ids (None or int [B, T]: packed
-documents, DESIGN.md section 9; `delta_rule.generalized_delta_rule`).
+"auto": "pallas" on a GPU, "chunk" elsewhere), chunk_size (a power of two, or None: the impl's rule,
+`delta_rule.chunk_size_of`), segment_ids (None or int [B, T]: packed documents, DESIGN.md section 9;
+`delta_rule.generalized_delta_rule`).
 Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] fp32, or None).
 """
 

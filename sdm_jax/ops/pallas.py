@@ -9,6 +9,7 @@ fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per la
 then go through the forming of q, u, e, z by autodiff of `inputs.reference_inputs`.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
@@ -26,6 +27,23 @@ from sdm_jax.ops.validation import on_gpu
 # (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
 # chunk 32 (2026-11-30, benchmarks/sessions/2026-11-30_h200_session8.md).
 PALLAS_CHUNK_SIZES = (16, 32, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasOpSettings:
+  """What impl="pallas" runs with when the op is not told (chunk_size=None): chunk_size, one of PALLAS_CHUNK_SIZES."""
+  chunk_size: int
+
+  @classmethod
+  def default(cls):
+    """The rule: chunk 32 on every device."""
+    # Chunk 32 was faster than 64 for the op's forward and forward+backward on the H200, bf16, H 16, K = V = 128,
+    # in the per-channel kernels (KDA's and GDN-2's): at 4 x 4096, fwd 1.149 against 1.582 ms and fwd+bwd 4.873
+    # against 5.818 (benchmarks/sessions/2026-11-30_h200_session9_call1.txt, branch gathered-rows, the "pallas op"
+    # rows), and at 1 x 16384, 1.734 / 6.173 against 1.796 / 6.631 (benchmarks/sessions/2026-11-30_h200_session8.md,
+    # section 2, "Chunk 32 against 64"). Chunk 16 has not been timed. Off the GPU (interpret mode) nothing was
+    # recorded; 32 keeps the kernels the GPU runs.
+    return cls(chunk_size=32)
 
 
 def next_pow2(n, floor=16):

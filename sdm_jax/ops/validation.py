@@ -53,13 +53,17 @@ def check_shape(name, x, names, dims):
     dims.setdefault(n, size)
 
 
-def check_options(impl, chunk_size):
+def check_options(impl, chunk_size, *, rule=False):
   """Checks the options of a recurrence op; returns the impl that runs (`resolve_impl`). chunk_size must be an
-  integer (not a bool, a float or a string) and a power of two."""
+  integer (not a bool, a float or a string) and a power of two, or None where the op has a rule for it (rule=True:
+  the dense ops, `delta_rule.chunk_size_of`)."""
   impl = resolve_impl(impl)
+  if chunk_size is None and rule:
+    return impl
   if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1
       or int(chunk_size) & (int(chunk_size) - 1)):
-    raise ValueError(f"chunk_size: expected a power of two (16, 32, 64, 128), got {chunk_size!r}")
+    expected = "None (the impl's rule) or a power of two" if rule else "a power of two"
+    raise ValueError(f"chunk_size: expected {expected} (16, 32, 64, 128), got {chunk_size!r}")
   return impl
 
 
