@@ -28,7 +28,9 @@ layers of 6 heads x 256 with expand_v 2; here every mixer keeps one shape, so th
 state size. Training is flame's recipe (flame/models/fla.toml, examples/training.md in fla): AdamW at 3e-4,
 1024 warmup steps, cosine to 0.1 of the peak, clipping at 1.0, 0.5M tokens a step (32 x 2048 on each of 8
 GPUs there; 128 x 4096 here), 20,480 steps for 340M; the 1.3B models are the "1.3B-100B" of fla-hub's names,
-100B tokens. data.batch_size is global: set train.fsdp and enough devices, or lower it, to fit memory.
+100B tokens. data.batch_size is global; one step runs it as train.gradient_accumulation_steps microbatches of
+MICROBATCH rows (32 of 4 x 4096 tokens for 340m and 1.3b), so the recipe runs unchanged on one GPU; with more
+devices, lower the accumulation (each microbatch divides over the devices) or set train.fsdp.
 
 The size names count parameters as fla's do, the embedding as if tied to the head (flame's 24-layer,
 width-1024 DeltaNet and Transformer come to about 341M that way): GDN and KDA land within 8 % of theirs;
@@ -57,6 +59,9 @@ SIZES = {
 }
 HEAD_DIM = 128
 SEQ_LEN = 4096
+# Rows of one microbatch: the shape measured on one GPU, KDA 340M at 4 x 4096 peaking at 23.8 GiB on an H200
+# (benchmarks/train/README.md).
+MICROBATCH = 4
 WINDOW = 2048
 NAMES = tuple(f"{name}_{size}" for size in SIZES for name in VARIANTS)
 
@@ -92,5 +97,6 @@ def get_config(argument="kda_340m"):
   config.model = model
   config.train = train_config(steps, 3e-4, warmup_steps=1024, log_every=50, eval_every=2048,
                               checkpoint_every=2048)
+  config.train.gradient_accumulation_steps = max(1, batch_size // MICROBATCH)
   return config
 

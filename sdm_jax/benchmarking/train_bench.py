@@ -88,7 +88,8 @@ def measure(spec):
   params = count_params(model)
   embedding = int(np.prod(model.embed.embedding.shape))
   result.update(params=params, non_embedding_params=params - embedding)
-  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
+  step_fn = TrainStep(model, optimizer, loss_chunk_tokens=spec.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
+                      gradient_accumulation_steps=train_config.get("gradient_accumulation_steps", 1))
   batches = prefetch_to_device(RandomTokens(B, T, model_config.vocab_size, docs=spec.get("docs", 0)), mesh,
                                count=10**9)
 
@@ -160,7 +161,8 @@ def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps
   configs: 'path.py:variant' strings; remats: policies to try (empty: each config's own); overrides:
   'model.field=value' strings applied to every config (values parsed as JSON where they parse); docs: 0 for
   unpacked rows, n for packed rows of n documents (`RandomTokens`).
-  batch / seq_len default to the config's data.batch_size / data.seq_len.
+  batch / seq_len default to the config's data.batch_size / data.seq_len; a batch given is one step's rows, taken
+  whole (train.gradient_accumulation_steps 1) unless an override sets the accumulation.
   """
   specs = []
   for path_variant in configs:
@@ -176,6 +178,8 @@ def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps
         raise ValueError(f"overrides: expected model.<field>=value or train.<field>=value of an existing field, "
                          f"got {override!r}")
       config[section][field] = value
+    if batch and not any(o.partition("=")[0] == "train.gradient_accumulation_steps" for o in overrides):
+      config.train.gradient_accumulation_steps = 1
     variant = path_variant.partition(":")[2] or path_variant
     T = seq_len or config.data.seq_len
     check_docs(docs, T)

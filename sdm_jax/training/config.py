@@ -17,7 +17,7 @@ import ml_collections
 # device count is no config field: a run may resume on another mesh whose devices divide its global batch.
 RESUMABLE_FIELDS = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.fsdp", "data.num_threads", "data.prefetch_buffer_size",
+    "train.fsdp", "train.wandb_project", "train.profile_steps", "data.num_threads", "data.prefetch_buffer_size",
 )
 
 
@@ -44,6 +44,16 @@ def default_config(steps=1000, learning_rate=1e-3, *, warmup_steps=100, log_ever
   train.keep_checkpoints = 3
   train.fsdp = False
   train.loss_chunk_tokens = LOSS_CHUNK_TOKENS
+  # "cosine", "wsd" or "constant" (optimizer.make_schedule); decay_fraction: the share of steps wsd decays over.
+  train.schedule = "cosine"
+  train.decay_fraction = 0.2
+  # Microbatches the global batch (data.batch_size rows) is split into inside one step, their gradients summed:
+  # the step's loss and update are the whole batch's, in a microbatch's activation memory.
+  train.gradient_accumulation_steps = 1
+  # Also log to this Weights & Biases project when wandb is installed ("": not at all).
+  train.wandb_project = ""
+  # "FIRST,LAST" (or "STEP"): a jax.profiler trace of those training steps in <workdir>/profile ("": none).
+  train.profile_steps = ""
   return train
 
 
@@ -123,7 +133,40 @@ def check_config(config, *, device_count=1):
     raise ConfigError(f"config.model.vocab_size: the data has {config.data.vocab_size} tokens, more than the "
                       f"model's {model.vocab_size}")
   check_batch(config, device_count)
+  _check_train(config.train, config.data.batch_size, device_count)
   _check_model(model, config.data.seq_len)
+
+
+def parse_profile_steps(text):
+  """train.profile_steps "FIRST,LAST" or "STEP" -> (first, last), or None for ""; ConfigError otherwise."""
+  if not text:
+    return None
+  try:
+    steps = [int(part) for part in str(text).split(",")]
+  except ValueError:
+    steps = []
+  if len(steps) not in (1, 2) or steps[0] < 1 or steps[-1] < steps[0]:
+    raise ConfigError(f"config.train.profile_steps: expected \"FIRST,LAST\" or \"STEP\", steps >= 1 and FIRST <= "
+                      f"LAST (e.g. \"10,15\"), or \"\" for no profile, got {text!r}")
+  return steps[0], steps[-1]
+
+
+def _check_train(train, batch_size, device_count):
+  from sdm_jax.training.optimizer import SCHEDULES
+  check_choice("config.train.schedule", train.schedule, SCHEDULES)
+  if isinstance(train.decay_fraction, bool) or not isinstance(train.decay_fraction, (int, float)) \
+      or not 0 < train.decay_fraction <= 1:
+    raise ConfigError(f"config.train.decay_fraction: expected a number in (0, 1], got {train.decay_fraction!r}")
+  accumulation = train.gradient_accumulation_steps
+  if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+    raise ConfigError(f"config.train.gradient_accumulation_steps: expected an integer >= 1, got {accumulation!r}")
+  if batch_size % (accumulation * device_count):
+    raise ConfigError(f"config.train.gradient_accumulation_steps: the global batch {batch_size} does not split "
+                      f"into {accumulation} microbatches that each divide over {device_count} device(s); use a "
+                      f"divisor of {batch_size // device_count}")
+  if not isinstance(train.wandb_project, str):
+    raise ConfigError(f"config.train.wandb_project: expected a project name or \"\", got {train.wandb_project!r}")
+  parse_profile_steps(train.profile_steps)
 
 
 def check_batch(config, device_count):

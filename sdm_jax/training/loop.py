@@ -170,7 +170,8 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
       progress = Progress(step, train_cfg.steps)
       last = train_cfg.steps if stop_after is None else min(train_cfg.steps, step + stop_after)
       tokens_per_step = config.data.batch_size * config.data.seq_len
-      step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS))
+      step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
+                          gradient_accumulation_steps=train_cfg.get("gradient_accumulation_steps", 1))
       pending = []  # (step, metrics of device scalars) not yet fetched
       logged = step
       for batch, data_state in prefetch_to_device(iterator, mesh, last - step):

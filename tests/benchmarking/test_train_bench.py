@@ -98,3 +98,24 @@ def test_report_lists_each_entrys_kernels_where_it_has_them():
   text = train_bench.kernel_lists([timed, {"name": "b", "kernel_time": None}])
   assert "a docs=8, one step: 2.500 ms in 2 distinct kernels" in text and "`fusion_1`" in text
   assert "- b" not in text and train_bench.kernel_lists([{"name": "b"}]) == ""
+
+
+def test_a_batch_given_is_one_step_unless_the_accumulation_is_set():
+  paper = "experiments/configs/paper.py:kda_340m"
+  assert train_bench.build_specs([paper])[0]["train"]["gradient_accumulation_steps"] == 32  # 128 rows as 32 x 4
+  assert train_bench.build_specs([paper], batch=4)[0]["train"]["gradient_accumulation_steps"] == 1
+  built = train_bench.build_specs([paper], batch=8, overrides=["train.gradient_accumulation_steps=2"])[0]
+  assert (built["batch"], built["train"]["gradient_accumulation_steps"]) == (8, 2)
+
+
+def test_measure_steps_through_accumulation(monkeypatch):
+  from sdm_jax.training import steps
+  seen = []
+  real = steps.accumulated_gradients
+  monkeypatch.setattr(steps, "accumulated_gradients", lambda model, batch, n, *a: seen.append(n) or real(
+      model, batch, n, *a))
+  steps._jitted_train_step.cache_clear()
+  spec = train_bench.build_specs([TINY], batch=2, seq_len=16, steps=2, warmup=0, log_every=2,
+                                 overrides=[*TINY_OVERRIDES, "train.gradient_accumulation_steps=2"])[0]
+  result = train_bench.measure(spec)
+  assert seen == [2] and math.isfinite(result["loss"])

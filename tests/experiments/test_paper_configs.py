@@ -28,6 +28,10 @@ def test_every_variant_builds():
     assert config.data.seq_len == 4096
     assert len(layer_letters(model.pattern, model.num_layers)) == model.num_layers
   assert paper.get_config("sdm_ref").data.batch_size == 4  # DESIGN.md section 7: B x T = 4 x 4096
+  assert paper.get_config("sdm_ref").train.gradient_accumulation_steps == 1
+  for variant in ("kda_340m", "gdn2_swa_1.3b"):  # flame's 0.5M tokens a step, in microbatches of 4 x 4096
+    config = paper.get_config(variant)
+    assert (config.data.batch_size, config.train.gradient_accumulation_steps) == (128, 32), variant
   assert paper.get_config("gdn2_340m,/tmp/corpus").data.data_dir == "/tmp/corpus"
   for bad in ("kda_7b", "mamba_340m", "kda"):
     with pytest.raises(ValueError, match="variant"):
