@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	  "$$interp" -m venv $(VENV); \
 	fi
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,eval]"
 	@touch $@
 
 venv: $(VENV)/.installed
