@@ -10,14 +10,16 @@ from sdm_jax.layers.norm import RMSNorm
 class Block(nnx.Module):
   """Wraps any token mixer (x: [B, T, width] -> [B, T, width]) with RMSNorms, residuals and a SwiGLU MLP.
 
-  prefill and step pass the mixer's decoding cache through (see the mixers' init_cache).
+  prefill and step pass the mixer's decoding cache through (see the mixers' init_cache). mlp_init: the MLP's
+  weight initialiser.
   """
 
-  def __init__(self, mixer, width, *, mlp_hidden, dtype=jnp.float32, rngs):
-    self.mixer_norm = RMSNorm(width)
+  def __init__(self, mixer, width, *, mlp_hidden, norm_eps=1e-6, mlp_init=nnx.initializers.lecun_normal(),
+               dtype=jnp.float32, rngs):
+    self.mixer_norm = RMSNorm(width, eps=norm_eps)
     self.mixer = mixer
-    self.mlp_norm = RMSNorm(width)
-    self.mlp = SwiGLU(width, mlp_hidden, dtype=dtype, rngs=rngs)
+    self.mlp_norm = RMSNorm(width, eps=norm_eps)
+    self.mlp = SwiGLU(width, mlp_hidden, kernel_init=mlp_init, dtype=dtype, rngs=rngs)
 
   def __call__(self, x, segment_ids=None, positions=None):
     """x: [B, T, width]; segment_ids, positions: None or [B, T] for packed documents (the mixer's arguments)."""

@@ -4,11 +4,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sdm_jax.layers.init import torch_conv
 from sdm_jax.ops.segments import document_index
 
 
 class CausalConv(nnx.Module):
-  """y_t = sum_i kernel[i] * x_{t - (kernel_size - 1) + i}, per channel, zero history before t = 0.
+  """y_t = sum_i kernel[i] * x_{t - (kernel_size - 1) + i} (+ bias), per channel, zero history before t = 0.
 
   x: [B, T, C] -> [B, T, C] in the compute dtype. For decoding, the cache is the last kernel_size - 1
   inputs, [B, kernel_size - 1, C]. With segment_ids [B, T] (packed documents, DESIGN.md section 9) a tap that
@@ -16,10 +17,10 @@ class CausalConv(nnx.Module):
   row's first document).
   """
 
-  def __init__(self, channels, *, kernel_size=4, dtype=jnp.float32, rngs):
-    # PyTorch's Conv1d default (fan_in = kernel_size for a depthwise conv), as in the papers' code.
-    bound = kernel_size**-0.5
-    self.kernel = nnx.Param(jax.random.uniform(rngs.params(), (kernel_size, channels), jnp.float32, -bound, bound))
+  def __init__(self, channels, *, kernel_size=4, use_bias=False, kernel_init=torch_conv, dtype=jnp.float32, rngs):
+    # Default: PyTorch's Conv1d init (fan_in = kernel_size for a depthwise conv), as in the papers' code.
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (kernel_size, channels), jnp.float32))
+    self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32)) if use_bias else None
     self.channels, self.kernel_size = channels, kernel_size
     self.dtype = dtype
 
@@ -42,4 +43,6 @@ class CausalConv(nnx.Module):
       taps = [jnp.where((history_document[:, i:i + T] == document)[..., None], tap, jnp.zeros((), tap.dtype))
               for i, tap in enumerate(taps)]
     y = sum(kernel[i] * tap for i, tap in enumerate(taps))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
     return y, history[:, history.shape[1] - (self.kernel_size - 1):]

@@ -2,8 +2,9 @@
 
     g = -exp(A_log) * softplus(f(x) + dt_bias)  <= 0
 
-A_log ~ log U(1, 16) per head; dt_bias = softplus^-1(dt), dt ~ logU(1e-3, 1e-1), so that at
-f(x) = 0 the decay starts between -16 * 0.1 and -1 * 1e-3 per token.
+A_log ~ log U(a_log_range) per head (U(1, 16) in KDA and GDN-2, U(0, 16) in GDN); dt_bias = softplus^-1(dt),
+dt ~ logU(1e-3, 1e-1) floored at 1e-4, as every reference builds it, so that at f(x) = 0 the decay starts between
+-16 * 0.1 and about 0 per token.
 """
 
 import math
@@ -14,6 +15,7 @@ from flax import nnx
 
 A_RANGE = (1.0, 16.0)
 DT_RANGE = (1e-3, 1e-1)
+DT_FLOOR = 1e-4
 
 
 def inverse_softplus(y):
@@ -23,20 +25,22 @@ def inverse_softplus(y):
 class LogDecay(nnx.Module):
   """The log decay per head (channels=1) or per key channel (channels=K).
 
-  f is Linear(width -> H * channels) or, with low_rank, width -> low_rank -> H * channels.
-  x: [B, T, width] -> g: [B, T, H] (channels=1) or [B, T, H, channels], fp32.
+  f is Linear(width -> H * channels) or, with low_rank, width -> low_rank -> H * channels, no biases; kernel_init
+  initialises their weights. x: [B, T, width] -> g: [B, T, H] (channels=1) or [B, T, H, channels], fp32.
   """
 
-  def __init__(self, width, num_heads, channels=1, *, low_rank=None, dtype=jnp.float32, rngs):
+  def __init__(self, width, num_heads, channels=1, *, low_rank=None, a_log_range=A_RANGE,
+               kernel_init=nnx.initializers.lecun_normal(), dtype=jnp.float32, rngs):
     size = num_heads * channels
-    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, kernel_init=kernel_init, dtype=dtype,
+                                            rngs=rngs)
     if low_rank is None:
       self.f_proj = linear(width, size)
     else:
       self.f_proj = nnx.Sequential(linear(width, low_rank), linear(low_rank, size))
-    self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, *A_RANGE)))
+    self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, *a_log_range)))
     log_dt = jax.random.uniform(rngs.params(), (size,), jnp.float32, *map(math.log, DT_RANGE))
-    self.dt_bias = nnx.Param(inverse_softplus(jnp.exp(log_dt)))
+    self.dt_bias = nnx.Param(inverse_softplus(jnp.maximum(jnp.exp(log_dt), DT_FLOOR)))
     self.num_heads, self.channels = num_heads, channels
 
   def __call__(self, x):

@@ -1,10 +1,13 @@
 """One layer for every dense delta-rule mixer of the registry `ops.MIXERS` (DESIGN.md sections 1 and 4).
 
     q, k, v = SiLU(CausalConv(W x)),  g = LogDecay(x),  gates = sigmoid(W x)
-    o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(W x))
+    o = o_proj(RMSNorm(op(q, k, v, g, **gates)) * output_gate(x))
 
-with q and k L2-normalised inside the op. Which op runs, and how, is the op's business: the layer
-passes `impl` (default "auto": the op picks) and `chunk_size` through, and its parameters do not depend on them.
+with q and k L2-normalised inside the op. What makes the layer one paper's layer (the output gate's activation,
+rank and bias, the decay projection's rank, biases, convs, norm eps, initialisation) is a `DeltaLayerConfig`; the
+reference layers are its `PRESETS`. Which op runs, and how, is the op's business: the layer passes `impl` (default
+"auto": the op picks) and `chunk_size` (default None: the impl's rule) through, and its parameters do not depend on
+them.
 """
 
 import dataclasses
@@ -14,70 +17,165 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sdm_jax import ops
+from sdm_jax.layers import init
 from sdm_jax.layers.conv import CausalConv
 from sdm_jax.layers.decay import LogDecay
 from sdm_jax.layers.norm import RMSNorm
 from sdm_jax.layers.recurrent import RecurrentMixer
 
-# The channel-wise decays' f is low-rank, width -> 128 -> H * K (the KDA and FG2-GDN papers).
-DECAY_RANK = 128
+ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
+
+
+def _check_rank(name, rank):
+  if not (rank in ("full", "value") or (isinstance(rank, int) and not isinstance(rank, bool) and rank > 0)):
+    raise ValueError(f"{name}: expected 'full', 'value' (the head's value width) or a positive int, got {rank!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputGate:
-  """The layer's output gate, activation(f(x)): f a full Linear(width -> H * V), or with a rank,
-  width -> rank -> H * V plus a bias."""
-  activation: str  # "silu" or "sigmoid"
-  rank: str | None = None  # None or "value": rank V
+  """The output gate, activation(f(x)). f is Linear(width -> H * V) at rank "full", else width -> rank -> H * V
+  ("value": rank V, Kimi Linear's low-rank gate); bias: a bias on f's last Linear."""
+  activation: str
+  rank: str | int = "full"
+  bias: bool = False
+
+  def __post_init__(self):
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"output_gate.activation: expected one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
+    _check_rank("output_gate.rank", self.rank)
 
 
-# The papers' output gates (DESIGN.md section 4); KDA's is Kimi Linear's low-rank gate, rank the head's value width,
-# as fla's KDA layer builds it. Op, decay and gates come from the registry (`ops.MIXERS`); a registered mixer
-# not listed here gets DEFAULT_OUTPUT_GATE.
-OUTPUT_GATES = {
-    "gdn": OutputGate("silu"),
-    "kda": OutputGate("sigmoid", rank="value"),
-    "fg2_gdn": OutputGate("sigmoid"),
-    "fg2_gdn_plus": OutputGate("sigmoid"),
-    "gdn2": OutputGate("silu"),
+@dataclasses.dataclass(frozen=True)
+class DeltaLayerConfig:
+  """Everything that tells one reference layer from another (DESIGN.md section 4).
+
+  output_gate: `OutputGate`. decay_rank: the decay's f, "full" (Linear(width -> H * channels)), "value" (width -> V
+  -> H * channels) or an int. gate_bias: a bias on the gate projections (beta, b, w). conv_size / conv_bias: the
+  short convs of q, k, v. norm_eps: the output RMSNorm's. a_log_range: A ~ U(a_log_range) per head.
+  linear_init: "normal" (N(0, init_std), fla's models), "torch" (PyTorch's default Linear), "xavier" (gain 2^-2.5,
+  the GDN-2 code) or "lecun" (flax's default); every bias starts at 0. conv_init: "normal" or "torch".
+  """
+  output_gate: OutputGate
+  decay_rank: str | int = "value"
+  gate_bias: bool = False
+  conv_size: int = 4
+  conv_bias: bool = False
+  norm_eps: float = 1e-5
+  a_log_range: tuple = (1.0, 16.0)
+  linear_init: str = "normal"
+  conv_init: str = "normal"
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    if not isinstance(self.output_gate, OutputGate):
+      raise ValueError(f"output_gate: expected an OutputGate, got {self.output_gate!r}")
+    _check_rank("decay_rank", self.decay_rank)
+    if not (isinstance(self.conv_size, int) and self.conv_size >= 1):
+      raise ValueError(f"conv_size: expected an int >= 1, got {self.conv_size!r}")
+    if not (isinstance(self.norm_eps, float) and self.norm_eps > 0):
+      raise ValueError(f"norm_eps: expected a float > 0, got {self.norm_eps!r}")
+    low, high = self.a_log_range
+    if not 0 <= low < high:
+      raise ValueError(f"a_log_range: expected (low, high) with 0 <= low < high, got {self.a_log_range!r}")
+    init.linear_init(self.linear_init, self.init_std), init.conv_init(self.conv_init, self.init_std)
+
+  def replace(self, **changes):
+    """A copy with fields changed; output_gate may be a dict of OutputGate fields to change."""
+    if isinstance(changes.get("output_gate"), dict):
+      changes["output_gate"] = dataclasses.replace(self.output_gate, **changes["output_gate"])
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+
+# fla 0.6.0's layers (`fla/layers/{gated_deltanet,kda,gdn2}.py`), with the initialisation of fla's models
+# (`_init_weights`: N(0, 0.02) for every Linear and Conv1d, zero biases).
+_FLA_CHANNEL_WISE = DeltaLayerConfig(OutputGate("sigmoid", "value", bias=True), decay_rank="value")
+# The reference layers, by mixer and preset name. "official" is the paper's own code where it is public and differs
+# from fla's: GDN, NVlabs/GatedDeltaNet (`lit_gpt/gated_delta_net.py`: a bias on beta's projection, A ~ U(0, 16),
+# PyTorch's default init); KDA, Kimi Linear's HF `modeling_kimi.py` (no bias on the gate's up projection, convs
+# at PyTorch's default); GDN-2, NVIDIA's `lit_gpt/gdn2.py` (SiLU gate, xavier gain 2^-2.5 on every Linear). FG2-GDN
+# and FG2-GDN+ have no public code: KDA's fla layer with the channel-wise beta.
+PRESETS = {
+    "gdn": {"fla": DeltaLayerConfig(OutputGate("silu"), decay_rank="full", a_log_range=(0.0, 16.0)),
+            "official": DeltaLayerConfig(OutputGate("silu"), decay_rank="full", gate_bias=True,
+                                         a_log_range=(0.0, 16.0), linear_init="torch", conv_init="torch")},
+    "kda": {"fla": _FLA_CHANNEL_WISE,
+            "official": _FLA_CHANNEL_WISE.replace(output_gate={"bias": False}, conv_init="torch")},
+    "fg2_gdn": {"fla": _FLA_CHANNEL_WISE},
+    "fg2_gdn_plus": {"fla": _FLA_CHANNEL_WISE},
+    "gdn2": {"fla": _FLA_CHANNEL_WISE,
+             "official": _FLA_CHANNEL_WISE.replace(output_gate={"activation": "silu"}, linear_init="xavier",
+                                                   conv_init="torch")},
 }
-DEFAULT_OUTPUT_GATE = OutputGate("sigmoid")
-ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
+# A mixer registered without presets gets fla's channel-wise layer.
+DEFAULT_PRESETS = {"fla": _FLA_CHANNEL_WISE}
+
+
+def presets(mixer):
+  """{preset name: DeltaLayerConfig} of a registered mixer."""
+  if mixer not in ops.MIXERS:
+    raise ValueError(f"mixer: expected one of {tuple(ops.MIXERS)}, got {mixer!r}")
+  return PRESETS.get(mixer, DEFAULT_PRESETS)
+
+
+def layer_config(mixer, preset="default", **changes):
+  """The DeltaLayerConfig of `mixer`'s preset with `changes` (DeltaLayerConfig fields; output_gate may be a dict).
+
+  preset "default" is the paper's own layer where its code is public ("official"), else fla's.
+  """
+  available = presets(mixer)
+  if preset == "default":
+    preset = "official" if "official" in available else "fla"
+  if preset not in available:
+    raise ValueError(f"preset: {mixer} has presets {('default', *available)}, got {preset!r}")
+  fields = {f.name for f in dataclasses.fields(DeltaLayerConfig)}
+  if unknown := set(changes) - fields:
+    raise ValueError(f"layer config: unknown fields {sorted(unknown)}; expected some of {sorted(fields)}")
+  return available[preset].replace(**changes)
+
+
+def _rank(rank, value_dim):
+  return {"full": None, "value": value_dim}.get(rank, rank)
 
 
 class DeltaMixer(RecurrentMixer):
   """A dense delta-rule token mixer: `mixer` is a name in `ops.MIXERS` (gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2).
 
   x: [B, T, width] -> [B, T, width]; H = num_heads, K = head_dim (keys), V = value_dim (values per head).
+  layer: a DeltaLayerConfig (default: `layer_config(mixer)`, the paper's own layer).
   """
 
-  def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, impl="auto", chunk_size=64,
-               conv_size=4, dtype=jnp.float32, rngs):
-    if mixer not in ops.MIXERS:
-      raise ValueError(f"mixer: expected one of {tuple(ops.MIXERS)}, got {mixer!r}")
-    variant, out_gate = ops.MIXERS[mixer], OUTPUT_GATES.get(mixer, DEFAULT_OUTPUT_GATE)
+  def __init__(self, width, *, mixer, num_heads, head_dim, value_dim, layer=None, impl="auto", chunk_size=None,
+               dtype=jnp.float32, rngs):
+    layer = layer_config(mixer) if layer is None else layer
+    if not isinstance(layer, DeltaLayerConfig):
+      raise ValueError(f"layer: expected a DeltaLayerConfig, got {type(layer).__name__}")
+    variant = ops.MIXERS[mixer]
     variant.check_dims("value_dim", head_dim, value_dim)
     H, K, V = num_heads, head_dim, value_dim
     size = {"head": 1, "key": K, "value": V}
-    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
+    kernel_init = init.linear_init(layer.linear_init, layer.init_std)
+    linear = lambda n_in, n_out, bias=False: nnx.Linear(n_in, n_out, use_bias=bias, kernel_init=kernel_init,
+                                                        dtype=dtype, rngs=rngs)
     self.q_proj, self.k_proj, self.v_proj = linear(width, H * K), linear(width, H * K), linear(width, H * V)
-    self.q_conv = CausalConv(H * K, kernel_size=conv_size, dtype=dtype, rngs=rngs)
-    self.k_conv = CausalConv(H * K, kernel_size=conv_size, dtype=dtype, rngs=rngs)
-    self.v_conv = CausalConv(H * V, kernel_size=conv_size, dtype=dtype, rngs=rngs)
-    channel_wise = variant.decay == "key"
-    self.decay = LogDecay(width, H, size[variant.decay], low_rank=DECAY_RANK if channel_wise else None,
-                          dtype=dtype, rngs=rngs)
+    conv = lambda channels: CausalConv(channels, kernel_size=layer.conv_size, use_bias=layer.conv_bias,
+                                       kernel_init=init.conv_init(layer.conv_init, layer.init_std), dtype=dtype,
+                                       rngs=rngs)
+    self.q_conv, self.k_conv, self.v_conv = conv(H * K), conv(H * K), conv(H * V)
+    self.decay = LogDecay(width, H, size[variant.decay], low_rank=_rank(layer.decay_rank, V),
+                          a_log_range=layer.a_log_range, kernel_init=kernel_init, dtype=dtype, rngs=rngs)
     for name, shape in variant.gates:
-      setattr(self, f"{name}_proj", linear(width, H * size[shape]))
-    self.o_norm = RMSNorm(V)
-    if out_gate.rank is None:
-      self.out_gate_proj = linear(width, H * V)
+      setattr(self, f"{name}_proj", linear(width, H * size[shape], layer.gate_bias))
+    self.o_norm = RMSNorm(V, eps=layer.norm_eps)
+    gate = layer.output_gate
+    if (rank := _rank(gate.rank, V)) is None:
+      self.out_gate_proj = linear(width, H * V, gate.bias)
     else:
-      self.out_gate_proj = nnx.Sequential(
-          linear(width, size[out_gate.rank]),
-          nnx.Linear(size[out_gate.rank], H * V, use_bias=True, dtype=dtype, rngs=rngs))
+      self.out_gate_proj = nnx.Sequential(linear(width, rank), linear(rank, H * V, gate.bias))
     self.o_proj = linear(H * V, width)
-    self.mixer, self.variant, self.out_gate = mixer, variant, out_gate
+    self.mixer, self.variant, self.layer = mixer, variant, layer
     self.num_heads, self.head_dim, self.value_dim = H, K, V
     self.impl, self.chunk_size = impl, chunk_size
 
@@ -109,5 +207,5 @@ class DeltaMixer(RecurrentMixer):
     o, new_cache["S"] = self.variant.op(
         q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=impl, chunk_size=self.chunk_size,
         initial_state=cache["S"], output_final_state=True, segment_ids=segment_ids)
-    out_gate = ACTIVATIONS[self.out_gate.activation](heads(self.out_gate_proj(x)))
+    out_gate = ACTIVATIONS[self.layer.output_gate.activation](heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), new_cache

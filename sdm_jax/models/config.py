@@ -3,6 +3,7 @@
 import ml_collections
 
 from sdm_jax import ops
+from sdm_jax.layers.delta import layer_config
 
 MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
 # (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN
@@ -15,15 +16,50 @@ HYBRIDS = {
 VARIANTS = MIXERS + tuple(HYBRIDS)
 
 
+def delta_layer_fields(preset="default"):
+  """The dense layer's nested config (`layers.delta.DeltaLayerConfig`, DESIGN.md section 4): a preset ("default":
+  the paper's own layer where its code is public, else fla's; "fla"; "official") and, each None unless set, the
+  fields that change it (output_gate.activation / rank / bias, decay_rank, gate_bias, conv_size, conv_bias,
+  norm_eps, linear_init, conv_init, init_std). Ranks are "full", "value" or an int written as a string."""
+  typed = lambda field_type: ml_collections.FieldReference(None, field_type=field_type)
+  return ml_collections.ConfigDict({
+      "preset": preset,
+      "output_gate": {"activation": typed(str), "rank": typed(str), "bias": typed(bool)},
+      "decay_rank": typed(str), "gate_bias": typed(bool), "conv_size": typed(int), "conv_bias": typed(bool),
+      "norm_eps": typed(float), "linear_init": typed(str), "conv_init": typed(str), "init_std": typed(float)})
+
+
+def delta_layer(config):
+  """The `DeltaLayerConfig` a model config's dense layers are built with: config.delta's preset of config.mixer,
+  with the fields config.delta sets."""
+  fields = config.get("delta") or {"preset": "default"}
+  fields = fields.to_dict() if hasattr(fields, "to_dict") else dict(fields)
+  preset = fields.pop("preset", "default")
+  gate = {k: v for k, v in (fields.pop("output_gate", None) or {}).items() if v is not None}
+  changes = {k: v for k, v in fields.items() if v is not None}
+  rank = lambda r: int(r) if isinstance(r, str) and r.isdigit() else r
+  if "rank" in gate:
+    gate["rank"] = rank(gate["rank"])
+  if "decay_rank" in changes:
+    changes["decay_rank"] = rank(changes["decay_rank"])
+  if gate:
+    changes["output_gate"] = gate
+  return layer_config(config.mixer, preset, **changes)
+
+
 def default_config():
   """A ConfigDict with every field `LanguageModel` reads.
 
   head_dim / value_dim are per head (d_k, d_v); attention layers use head_dim for q, k and v.
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
-  impl / chunk_size select how the dense mixers run, sdm_impl / sdm_chunk_size how the SDM runs
-  ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row work,
-  chunk_size 16-64); none of them changes the parameters.
+  impl / chunk_size select how the dense mixers run (chunk_size None: the impl's rule), sdm_impl / sdm_chunk_size
+  how the SDM runs ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row
+  work, chunk_size 16-64); none of them changes the parameters.
+  delta: the dense layer's nested config (`delta_layer_fields`): which reference layer, and changes to it.
+  mlp_hidden: the SwiGLU's hidden width (None: round(mlp_ratio * width)); norm_eps: the blocks' and the final
+  RMSNorm's; init: how the embedding, the MLPs and the head start ("fla": N(0, 0.02) as fla's models; "lecun":
+  flax's defaults). The dense layers start as their preset says.
   remat: what each block saves for the backward ("none", "block", "dots", "dots_kernels"; `lm.REMAT_POLICIES`),
   which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
   within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
@@ -43,9 +79,13 @@ def default_config():
   c.mixer = "gdn2"
   c.pattern = "D"
   c.impl = "auto"
-  c.chunk_size = 64
+  c.chunk_size = ml_collections.FieldReference(None, field_type=int)
+  c.delta = delta_layer_fields()
   c.window = 64
   c.mlp_ratio = 4.0
+  c.mlp_hidden = ml_collections.FieldReference(None, field_type=int)
+  c.norm_eps = 1e-6
+  c.init = "fla"
   c.sdm_heads = 2
   c.sdm_num_slots = 256
   c.sdm_topk_write = 8

@@ -6,12 +6,21 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
+from sdm_jax.layers.init import normal
+from sdm_jax.models.config import delta_layer
 from sdm_jax.models.generate import generate
 from sdm_jax.ops.product_key import SLOTS_NAME
 from sdm_jax.ops.segments import document_positions
 
 LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# How the embedding, the MLPs and an own head start (config.init): "fla" as fla's models (`_init_weights`,
+# initializer_range 0.02), "lecun" flax's defaults.
+MODEL_INITS = {
+    "fla": {"embed": normal(0.02), "linear": normal(0.02)},
+    "lecun": {"embed": nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0),
+              "linear": nnx.initializers.lecun_normal()},
+}
 
 
 _saves_slots = jax.checkpoint_policies.save_only_these_names(SLOTS_NAME)
@@ -43,11 +52,16 @@ def layer_letters(pattern, num_layers):
   return (pattern * -(-num_layers // len(pattern)))[:num_layers]
 
 
+def mlp_hidden(config):
+  """The SwiGLU's hidden width: config.mlp_hidden, or round(mlp_ratio * width) when it is None."""
+  return config.get("mlp_hidden") or round(config.mlp_ratio * config.width)
+
+
 def make_mixer(letter, config, *, dtype, rngs):
   c = config
   if letter == "D":
     return DeltaMixer(c.width, mixer=c.mixer, num_heads=c.num_heads, head_dim=c.head_dim, value_dim=c.value_dim,
-                      impl=c.impl, chunk_size=c.chunk_size, dtype=dtype, rngs=rngs)
+                      layer=delta_layer(c), impl=c.impl, chunk_size=c.get("chunk_size"), dtype=dtype, rngs=rngs)
   if letter in "SA":
     return Attention(c.width, num_heads=c.num_heads, head_dim=c.head_dim, window=c.window if letter == "S" else None,
                      dtype=dtype, rngs=rngs)
@@ -90,17 +104,20 @@ class LanguageModel(nnx.Module):
     remat = config.get("remat", "none")  # configs saved before the field existed
     if remat not in REMAT_POLICIES:
       raise ValueError(f"remat: expected one of {tuple(REMAT_POLICIES)}, got {remat!r}")
-    width = config.width
-    self.embed = nnx.Embed(config.vocab_size, width, dtype=dtype, rngs=rngs)
+    init = config.get("init", "lecun")  # configs saved before the field existed
+    if init not in MODEL_INITS:
+      raise ValueError(f"init: expected one of {tuple(MODEL_INITS)}, got {init!r}")
+    init, width, norm_eps = MODEL_INITS[init], config.width, config.get("norm_eps", 1e-6)
+    self.embed = nnx.Embed(config.vocab_size, width, dtype=dtype, embedding_init=init["embed"], rngs=rngs)
     self.blocks = nnx.List([
-        Block(make_mixer(letter, config, dtype=dtype, rngs=rngs), width, mlp_hidden=round(config.mlp_ratio * width),
-              dtype=dtype, rngs=rngs)
+        Block(make_mixer(letter, config, dtype=dtype, rngs=rngs), width, mlp_hidden=mlp_hidden(config),
+              norm_eps=norm_eps, mlp_init=init["linear"], dtype=dtype, rngs=rngs)
         for letter in layer_letters(config.pattern, config.num_layers)])
-    self.final_norm = RMSNorm(width)
+    self.final_norm = RMSNorm(width, eps=norm_eps)
     if config.get("tie_embeddings", False):  # configs saved before the field existed
       self.head = TiedHead(self.embed, dtype=dtype)
     else:
-      self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype,
+      self.head = nnx.Linear(width, config.vocab_size, use_bias=False, dtype=dtype, kernel_init=init["linear"],
                              preferred_element_type=jnp.float32, rngs=rngs)
     self.remat = remat
 

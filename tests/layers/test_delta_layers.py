@@ -73,12 +73,14 @@ def test_causal(mixer):
 @pytest.mark.parametrize("mixer", ("gdn", "kda"))
 def test_decay_init_ranges(mixer):
   heads = 64
-  decay = make_layer(mixer, "chunk", seed=4, num_heads=heads).decay
+  layer = make_layer(mixer, "chunk", seed=4, num_heads=heads)
+  decay, (a_low, a_high) = layer.decay, layer.layer.a_log_range
   a = np.exp(np.asarray(decay.A_log[...]))
   dt = np.asarray(jax.nn.softplus(decay.dt_bias[...]))
   assert a.shape == (heads,)
   assert dt.shape == ((heads,) if mixer == "gdn" else (heads * K,))
-  assert A_RANGE[0] <= a.min() and a.max() <= A_RANGE[1]
+  assert (a_low, a_high) == ((0.0, 16.0) if mixer == "gdn" else A_RANGE)  # GDN's code draws from U(0, 16)
+  assert a_low <= a.min() and a.max() <= a_high
   assert DT_RANGE[0] * (1 - 1e-5) <= dt.min() and dt.max() <= DT_RANGE[1] * (1 + 1e-5)
   # Spread over the whole range (uniform in a, log-uniform in dt), not a constant.
   assert a.min() < 3 and a.max() > 14

@@ -78,9 +78,9 @@ def test_count_params_matches_a_manual_count():
   block = 2 * d + 3 * d * hidden  # two norms and the SwiGLU
   gdn2 = (2 * d * H * K + d * H * V  # q, k, v
           + 4 * (2 * H * K + H * V)  # causal convs
-          + d * 128 + 128 * H * K + H + H * K  # low-rank f, A_log, dt_bias
+          + d * V + V * H * K + H + H * K  # f at rank V, A_log, dt_bias
           + d * H * K + d * H * V  # erase gate b, write gate w
-          + V + d * H * V + H * V * d)  # o_norm, output gate, o_proj
+          + V + d * V + V * H * V + H * V + H * V * d)  # o_norm, output gate at rank V with a bias, o_proj
   attention = 4 * d * H * K
   sdm = (2 * d * Hs * 2 * kd + 2 * Hs * n * kd + Hs * N * Vs  # queries, sub-keys, m0
          + d * Hs * Vs + d * Hs + 2 * Hs + d * Hs  # v, decay (a_proj, A_log, dt_bias), b_proj
@@ -96,6 +96,7 @@ def test_no_decay_mask_marks_decay_parameters_norm_scales_and_biases():
     expected |= {f"blocks/{i}/mixer_norm/scale", f"blocks/{i}/mlp_norm/scale"}
   for i in (0, 2):  # the delta mixer and the SDM
     expected |= {f"blocks/{i}/mixer/decay/A_log", f"blocks/{i}/mixer/decay/dt_bias", f"blocks/{i}/mixer/o_norm/scale"}
+  expected.add("blocks/0/mixer/out_gate_proj/layers/1/bias")  # GDN-2's low-rank output gate has a bias
   mask = no_decay_mask(params)
   assert jax.tree.structure(mask) == jax.tree.structure(params)
   assert {name for name, marked in flat(mask).items() if marked} == expected

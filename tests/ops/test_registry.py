@@ -16,8 +16,8 @@ from helpers import FP32_TOL, assert_close, call, cast, cotangents, make_inputs,
 from sdm_jax import ops
 from sdm_jax.benchmarking import registry
 from sdm_jax.benchmarking.op_inputs import make_op_inputs
-from sdm_jax.layers import OUTPUT_GATES, DeltaMixer
-from sdm_jax.layers.delta import DEFAULT_OUTPUT_GATE
+from sdm_jax.layers import PRESETS, DeltaMixer
+from sdm_jax.layers.delta import DEFAULT_PRESETS
 from sdm_jax.ops import MIXERS, Mixer, register
 from sdm_jax.ops.registry import gate_shapes
 from test_reference import STEPS
@@ -92,7 +92,7 @@ def test_a_registered_mixer_runs_in_the_layer_and_decodes(toy):
   width = 32
   layer = DeltaMixer(width, mixer="toy", num_heads=H, head_dim=K, value_dim=8, impl="chunk", chunk_size=16,
                      rngs=nnx.Rngs(0))
-  assert layer.out_gate == DEFAULT_OUTPUT_GATE and layer.beta_proj.out_features == H * K
+  assert layer.layer == DEFAULT_PRESETS["fla"] and layer.beta_proj.out_features == H * K
   x = jax.random.normal(jax.random.key(0), (B, T, width), jnp.float32)
   full = nnx.jit(lambda layer, x: layer(x))(layer, x)
   assert full.shape == (B, T, width) and bool(jnp.all(jnp.isfinite(full)))
@@ -121,5 +121,5 @@ def test_every_mixer_is_wherever_mixers_are_listed(name):
   assert name in STEPS and name in GATE_WIDTHS and ("D", name) in CASES
 
 
-def test_the_layers_output_gates_name_registered_mixers():
-  assert set(OUTPUT_GATES) <= set(MIXERS)
+def test_the_layer_presets_name_registered_mixers():
+  assert set(PRESETS) <= set(MIXERS)
