@@ -17,8 +17,8 @@ from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 from sdm_jax.models.sharding import global_batch, make_mesh, place_state
 from sdm_jax.training import workdir as run_dir
 from sdm_jax.training.checkpoint import Checkpointer, NonFiniteState
-from sdm_jax.training.config import check_config
-from sdm_jax.training.metrics import MetricsLog, Progress, plot_metrics
+from sdm_jax.training.config import check_config, parse_profile_steps
+from sdm_jax.training.metrics import MetricsLog, Progress, StepProfiler, metric_writers, plot_metrics, window_means
 from sdm_jax.training.optimizer import make_optimizer
 from sdm_jax.training.steps import TrainStep
 from sdm_jax.training.workdir import load_config  # noqa: F401 (the run's config, for eval and generate)
@@ -137,6 +137,8 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
   TrainingDiverged. SIGINT / SIGTERM stop the run at the next step boundary, save a checkpoint there (its metrics
   finite) and raise TrainingInterrupted (in a multi-process run, all processes at the next multiple of log_every
   steps, whichever of them was signalled: `StopSignals.requested`). The plot is written however the run ends.
+The logged training metrics are their means over the steps since the last log; the records go to metrics.jsonl,
+TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (`metrics.StepProfiler`).
   """
   workdir = pathlib.Path(workdir)
   check_config(config, device_count=jax.device_count())
@@ -160,7 +162,8 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
       f"impl {config.model.impl}; {len(jax.devices())} device(s)")
 
   checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
-  metrics_log = MetricsLog(workdir, writes=primary)
+  metrics_log = MetricsLog(workdir, writes=primary, writers=metric_writers(workdir, config, log) if primary else ())
+  profiler = StepProfiler(workdir, parse_profile_steps(train_cfg.get("profile_steps", "")), log)
   with StopSignals() as stop:
     try:
       step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
@@ -173,10 +176,12 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
       step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
                           gradient_accumulation_steps=train_cfg.get("gradient_accumulation_steps", 1))
       pending = []  # (step, metrics of device scalars) not yet fetched
-      logged = step
+      logged, window = step, []  # window: the fetched metrics of the steps since the last log
       for batch, data_state in prefetch_to_device(iterator, mesh, last - step):
-        metrics = step_fn(batch)
+        with profiler.step(step + 1):
+          metrics = step_fn(batch)
         step += 1
+        profiler.finish(step, metrics)
         pending.append((step, metrics))
         stopping = stop.requested(step, train_cfg.log_every)
         log_now = step % train_cfg.log_every == 0 or step == last or stopping
@@ -187,8 +192,10 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
         fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
         pending.clear()
         _check_finite(fetched, checkpoints)
+        window += [metrics for _, metrics in fetched]
         if log_now:
-          record = {"split": "train", "step": step, **{k: float(v) for k, v in fetched[-1][1].items()}}
+          record = {"split": "train", "step": step, **window_means(window)}
+          window.clear()
           log(progress.line(step, record, tokens_per_step * (step - logged)))
           logged = step
           if progress.tokens_per_s is not None:
@@ -212,6 +219,8 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
           raise TrainingInterrupted(stop.signum, step, checkpoints.latest_step(), checkpoints.directory)
     finally:
       checkpoints.close()
+      profiler.close()
+      metrics_log.close()
       if primary:
         _plot(metrics_log, workdir / "metrics.png", log)
   return step

@@ -4,6 +4,7 @@
     <workdir>/checkpoints/          orbax checkpoints (checkpoint.py)
     <workdir>/checkpoints_damaged/  checkpoints that failed the checks of a restore
     <workdir>/metrics.jsonl, metrics.png, eval.json
+    <workdir>/tensorboard/, profile/, wandb/, wandb_run_id   the metric writers and traces (metrics.py)
 
 A workdir remembers its config. A call with checkpoints to continue resumes only with the same config, up to
 `config.RESUMABLE_FIELDS`; it refuses a config that differs elsewhere, and refuses to start afresh (resume=False)
@@ -24,8 +25,8 @@ from sdm_jax.training.config import RESUMABLE_FIELDS, config_differences
 
 CONFIG = "config.json"
 DAMAGED = "checkpoints_damaged"
-RUN_FILES = (CONFIG, "metrics.jsonl", "metrics.png", "eval.json")
-RUN_DIRECTORIES = ("checkpoints", DAMAGED)
+RUN_FILES = (CONFIG, "metrics.jsonl", "metrics.png", "eval.json", "wandb_run_id")
+RUN_DIRECTORIES = ("checkpoints", DAMAGED, "tensorboard", "profile", "wandb")
 
 
 class WorkdirError(ValueError):

@@ -122,11 +122,14 @@ def reference_train(config, workdir):
   place_state(optimizer, mesh, train_cfg.fsdp)
   iterator = make_iterator(config, "train")
   checkpoints = Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
-  records = []
+  records, window = [], []
   for step in range(1, train_cfg.steps + 1):
-    metrics = jax.device_get(train_step(model, optimizer, global_batch(next(iterator), mesh)))
+    window.append(jax.device_get(train_step(model, optimizer, global_batch(next(iterator), mesh))))
     if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-      records.append({"split": "train", "step": step, **{k: float(v) for k, v in metrics.items()}})
+      # Each metric's mean over the steps since the last log.
+      records.append({"split": "train", "step": step,
+                      **{k: sum(float(m[k]) for m in window) / len(window) for k in window[0]}})
+      window = []
     if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
       records.append({"split": "eval", "step": step, **lm_eval.evaluate(model, config, mesh)})
     if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
