@@ -14,14 +14,17 @@ to resume. Exit codes: 0 done (or --stop_after reached), 1 diverged (non-finite 
 import shlex
 import sys
 
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import cli
 
 config_flags.DEFINE_config_file("config", None, "Config file, path.py:variant.", lock_config=False)
 flags.mark_flag_as_required("config")
-flags.DEFINE_string("workdir", None, "Where checkpoints, metrics.jsonl and plots go.", required=True)
+flags.DEFINE_string("workdir", None, "Where checkpoints, metrics.jsonl and plots go (required unless "
+                    "--print_config).")
+flags.DEFINE_boolean("print_config", False, "Print the resolved config (the variant with its --config.* "
+                     "overrides) as JSON, as the run's config.json would hold it, and exit without training.")
 flags.DEFINE_boolean("resume", True, "Continue from the newest checkpoint in --workdir; --noresume refuses a "
                      "workdir with checkpoints unless --overwrite.")
 flags.DEFINE_boolean("overwrite", False, "Delete the run in --workdir (checkpoints, metrics, config) and start "
@@ -44,6 +47,11 @@ def resume_command():
 def main(argv):
   del argv
   cli.setup()
+  if FLAGS.print_config:
+    print(FLAGS.config.to_json_best_effort(indent=2))
+    return
+  if FLAGS.workdir is None:
+    raise app.UsageError("--workdir: expected the run directory (a path), got none")
   import jax
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
