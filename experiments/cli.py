@@ -1,7 +1,8 @@
 """What every experiment script does with its absl flags: `run(main)` instead of app.run, `setup()` first in main.
 
 A bad flag, config file or config field is one line on stderr, `error: <what> ...`, naming it (with the close
-valid names where there are some), and exit code 2; nothing is run or written.
+valid names where there are some), and exit code 2; nothing is run or written. --help prints the tool's docstring
+and its flags and exits 0.
 """
 
 import re
@@ -11,6 +12,7 @@ import sys
 from absl import app, flags, logging
 
 USAGE_EXIT = 2
+HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "?")
 
 
 def fail(message):
@@ -66,8 +68,13 @@ def _check_config_files(flag_values):
 def parse_flags(argv, flag_values=None):
   """absl's flag parsing with each error as one line (`fail`); returns the arguments left over."""
   flag_values = flags.FLAGS if flag_values is None else flag_values
+  argv = [argv[0], *("--help" if arg == "-h" else arg for arg in argv[1:])]  # absl knows no -h
   try:
     remaining = flag_values(argv)
+  except SystemExit as exit_:  # absl exits 1 after printing the help it was asked for
+    if exit_.code == 1 and any(arg.lstrip("-").split("=")[0] in HELP_FLAGS for arg in argv[1:] if arg[:1] == "-"):
+      sys.exit(0)
+    raise
   except flags.Error as error:
     fail(_flag_error(error))
   except (AttributeError, KeyError) as error:  # config_flags on --config.<field> that does not exist
