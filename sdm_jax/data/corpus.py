@@ -27,6 +27,7 @@ import numpy as np
 from sdm_jax.data import packing, shards, task
 
 DEFAULT_DATA_DIR = "data/stdlib"
+PATH_FIELDS = ("data_dir",)  # made absolute when a run starts (training.workdir.absolute_paths)
 DEFAULT_VOCAB_SIZE = 4096  # experiments.prepare_data's default tokenizer, train:4096
 
 
@@ -60,6 +61,45 @@ def _manifest(config):
   return manifest
 
 
+class ShardRecords:
+  """The records of a split's shards in order (grain's ArrayRecord source); a record that does not read (a shard
+  damaged after it was checked: ArrayRecord checks its chunks' hashes only as it reads them) raises
+  task.DataError naming the shard."""
+
+  def __init__(self, paths, counts):
+    self.paths, self.ends = list(paths), np.cumsum(counts)
+    self.source = grain.sources.ArrayRecordDataSource(self.paths)
+
+  def __len__(self):
+    return len(self.source)
+
+  def __getitem__(self, index):
+    try:
+      return self.source[index]
+    except Exception as error:  # the reader raises bare RuntimeErrors (Riegeli's), which name no file
+      shard = int(np.searchsorted(self.ends, index, side="right"))
+      record = index - (int(self.ends[shard - 1]) if shard else 0)
+      reason = (str(error).strip().splitlines() or [""])[0][:200]
+      raise task.DataError(f"corpus shard {self.paths[shard]!r} is damaged: its record {record} does not read "
+                           f"({type(error).__name__}: {reason}); prepare the corpus again") from None
+
+
+def check(data):
+  """ValueError unless the corpus directory is a complete corpus whose ids fit data.vocab_size and the packing is
+  known (the manifest is read, not the shards)."""
+  config = task.from_data(TokenCorpusConfig, data)
+  if config.packing not in packing.PACKINGS:
+    raise ValueError(f"packing: expected one of {packing.PACKINGS}, got {config.packing!r}")
+  _check_validation_size(_manifest(config), data.batch_size, config.seq_len)
+
+
+def _check_validation_size(manifest, batch_size, seq_len):
+  tokens = manifest["splits"]["validation"]["tokens"]
+  if tokens < batch_size * (seq_len + 1):
+    raise ValueError(f"corpus validation: {tokens} tokens, fewer than one global batch of {batch_size} rows of "
+                     f"{seq_len + 1}; lower data.batch_size or data.seq_len")
+
+
 def _document(dtype, record):
   return {packing.FEATURE: shards.decode_document(record, dtype)}
 
@@ -72,18 +112,15 @@ def batches(data, split, *, shard_index, shard_count, read_options):
   """The batches of shard `shard_index` of `shard_count` as a grain.IterDataset (see the module docstring)."""
   config = task.from_data(TokenCorpusConfig, data)
   manifest = _manifest(config)
-  documents = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(
-      shards.split_paths(config.data_dir, split, manifest)))
+  documents = grain.MapDataset.source(ShardRecords(shards.split_paths(config.data_dir, split, manifest),
+                                                   [shard["documents"] for shard in manifest["splits"][split]["shards"]]))
   documents = documents.map(functools.partial(_document, manifest["token_dtype"]))
   if split == "train":
     # As in the text task: shuffle folds the epoch into its seed, so the seed is mixed first.
     seed = int(np.random.SeedSequence(config.seed).generate_state(1)[0])
     documents, shuffle_bins = documents.shuffle(seed=seed).repeat(), True
   else:
-    tokens = manifest["splits"][split]["tokens"]
-    if tokens < data.batch_size * (config.seq_len + 1):
-      raise ValueError(f"corpus {split}: {tokens} tokens, fewer than one global batch of {data.batch_size} rows of "
-                       f"{config.seq_len + 1}; lower data.batch_size or data.seq_len")
+    _check_validation_size(manifest, data.batch_size, config.seq_len)
     seed, shuffle_bins = 0, False
   rows = packing.pack(documents.to_iter_dataset(read_options), seq_len=config.seq_len, packing=config.packing,
                       num_bins=config.packing_bins or data.batch_size, seed=seed, shuffle_bins=shuffle_bins)

@@ -119,6 +119,11 @@ def default_config():
   return {**task.defaults(MQARConfig), "eval_examples": EVAL_EXAMPLES}
 
 
+def check(data):
+  """ValueError naming the field unless the task's fields work together (MQARConfig's checks; nothing is built)."""
+  task.from_data(MQARConfig, data)
+
+
 def examples(data, split):
   """make_example over indices 0, 1, ... of `split` as a grain.MapDataset: data.eval_examples in validation."""
   return task.indexed_examples(functools.partial(make_example, task.from_data(MQARConfig, data), split), split,

@@ -219,6 +219,11 @@ def default_config():
           **task.defaults(text.CorpusConfig)}
 
 
+def check(data):
+  """ValueError naming the field unless the task's fields work together (NIAHConfig's checks; nothing is read)."""
+  task.from_data(NIAHConfig, data)
+
+
 def examples(data, split):
   """make_example over indices 0, 1, ... of `split` as a grain.MapDataset: data.eval_examples in validation."""
   config = task.from_data(NIAHConfig, data)

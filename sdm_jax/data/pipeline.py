@@ -50,6 +50,13 @@ def default_data_config(name):
   return data
 
 
+def check_data(data):
+  """ValueError naming the field unless the task's fields work together (the task's `check`, when it has one)."""
+  source = _task(data.name)
+  if hasattr(source, "check"):
+    source.check(data)
+
+
 def make_examples(data, split):
   """The unbatched examples of `split` as a grain.MapDataset; train sets are infinite (len sys.maxsize)."""
   check_split(split)

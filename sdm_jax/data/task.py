@@ -14,7 +14,11 @@ or, instead of examples, for a task whose rows are not single examples (document
         batches concatenate in shard order to the n-th batch of shard_count=1, and every shard's iterator holds the
         same state at the same batch (pipeline.py: what a global batch and a checkpoint of several hosts rely on);
 and optionally
+    check(data) -> None: ValueError naming the field ("num_queries: ...") unless the fields work together; cheap
+        (no example is made, no data file read beyond a manifest), so that a config is refused before a run starts;
+    PATH_FIELDS: the names of its fields that hold paths (made absolute when a run starts);
     eval_metrics(data, split, loss) -> dict of metrics derived from a mean evaluation loss (bits per byte).
+A task whose stored data turns out unreadable while it is read (a damaged shard) raises DataError naming the file.
 
 A task's defaults live once, in its config dataclass; default_config() reads them with `defaults` and examples()
 reads the config back from `data` with `from_data`.
@@ -24,6 +28,10 @@ import dataclasses
 import sys
 
 import grain
+
+class DataError(ValueError):
+  """Stored data that cannot be read while a pipeline reads it; the message names the file and what to do."""
+
 
 # seed is a common field of the data config; the dataclasses carry it so that examples are functions of their config.
 _COMMON_FIELDS = frozenset({"seed"})

@@ -114,6 +114,11 @@ def default_config():
   return {"vocab_size": VOCAB_SIZE, **task.defaults(TextConfig)}
 
 
+def check(data):
+  """ValueError unless the data config holds the task's fields (nothing is read)."""
+  task.from_data(TextConfig, data)
+
+
 def examples(data, split):
   """The PackedSequences of `split` as a grain.MapDataset: in order for validation, shuffled and repeated for train."""
   config = task.from_data(TextConfig, data)
