@@ -12,11 +12,14 @@ variants; values parsed as --config.<field> parses them. --eval_grid: data field
 again with (length extrapolation). Each run is a process of its own (a crash costs only that run; see
 sdm_jax/training/sweep.py); a finished run is skipped and an interrupted one resumes, so the same command
 continues a sweep. Then <workdir>/summary.{json,md} and summary_<axis>.png (see sdm_jax/training/sweep_summary.py).
+Ctrl-C (SIGINT) or SIGTERM stops the running run at a step boundary with its checkpoint, then the sweep (exit 130 /
+143, the command that resumes it printed); a second signal stops at once. --dry_run checks every point's config.
 --summarize_only merges the runs of several workdirs (comma-separated) into --out; an earlier summary's .json among
 them brings the runs it recorded. --shard=i/n runs every n-th planned
 run from the i-th: n such processes (e.g. small models sharing one GPU) split one sweep between them.
 """
 
+import shlex
 import sys
 
 from absl import app, flags
@@ -51,20 +54,30 @@ def main(argv):
   if FLAGS.summarize_only:
     from sdm_jax.training.sweep_summary import summarize
     workdirs = [workdir for workdir in FLAGS.workdir.split(",") if workdir]
-    summarize(workdirs, FLAGS.out or f"{workdirs[0]}/summary", log=log)
+    if not workdirs:
+      raise app.UsageError("--workdir: expected one or more sweep directories or summaries' .json")
+    try:
+      summarize(workdirs, FLAGS.out or f"{workdirs[0]}/summary", log=log)
+    except ValueError as error:  # a missing directory, a damaged summary, no finished run
+      cli.fail(error)
     return
   if FLAGS.config is None:
     raise app.UsageError("--config: expected path/to/config.py:variant (required unless --summarize_only)")
-  from sdm_jax.training.sweep import parse_shard, sweep
+  from sdm_jax.training.sweep import SweepInterrupted, parse_shard, sweep
   try:
     shard = parse_shard(FLAGS.shard)
   except ValueError as error:
     raise app.UsageError(str(error)) from None
-  outcomes = sweep(FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
-                   overrides=config_flags.get_override_values(FLAGS["config"]), grid=FLAGS.grid,
-                   eval_grid=FLAGS.eval_grid, seeds=range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds),
-                   workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run,
-                   in_process=FLAGS.in_process, out=FLAGS.out, shard=shard, log=log)
+  try:
+    outcomes = sweep(FLAGS.config, config_file=config_flags.get_config_filename(FLAGS["config"]),
+                     overrides=config_flags.get_override_values(FLAGS["config"]), grid=FLAGS.grid,
+                     eval_grid=FLAGS.eval_grid, seeds=range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds),
+                     workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run,
+                     in_process=FLAGS.in_process, out=FLAGS.out, shard=shard, log=log)
+  except SweepInterrupted as error:
+    command = shlex.join([sys.executable, "-m", "experiments.sweep", *sys.argv[1:]])
+    print(f"{error}. Resume the sweep with:\n  {command}", file=sys.stderr, flush=True)
+    sys.exit(128 + error.signum)
   if any(outcome.startswith("failed") for outcome in outcomes.values()):
     sys.exit(1)
 

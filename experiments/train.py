@@ -7,7 +7,8 @@ differs beyond sdm_jax.training.config.RESUMABLE_FIELDS is refused, and so is --
 --overwrite deletes the run in --workdir and starts afresh. Nothing is written before the config checks pass.
 Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary and saves a checkpoint there; run the same command again
 to resume. Exit codes: 0 done (or --stop_after reached), 1 diverged (non-finite loss, gradient norm or state),
-2 a bad flag, config or workdir, 130 / 143 stopped by SIGINT / SIGTERM. On several hosts pass
+2 a bad flag, config, workdir or data file (a shard found damaged mid-run stops the run, a checkpoint saved at the
+step reached), 130 / 143 stopped by SIGINT / SIGTERM (a second signal stops at once). On several hosts pass
 --coordinator_address, --num_processes and --process_id (jax.distributed.initialize).
 """
 
@@ -55,10 +56,14 @@ def main(argv):
   import jax
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  from sdm_jax.training.loop import TrainingDiverged, TrainingInterrupted, train
+  from sdm_jax.data import DataError
+  from sdm_jax.training.loop import TrainingDataError, TrainingDiverged, TrainingInterrupted, train
+  from sdm_jax.training.workdir import absolute_paths
   try:
-    step = train(FLAGS.config, FLAGS.workdir, resume=FLAGS.resume, overwrite=FLAGS.overwrite,
+    step = train(absolute_paths(FLAGS.config), FLAGS.workdir, resume=FLAGS.resume, overwrite=FLAGS.overwrite,
                  stop_after=FLAGS.stop_after, log=lambda line: print(line, flush=True))
+  except (TrainingDataError, DataError) as error:  # a shard damaged after the run's checks: no traceback
+    cli.fail(error)
   except TrainingDiverged as error:
     print(f"error: {error}; metrics.png is in {FLAGS.workdir}", file=sys.stderr, flush=True)
     sys.exit(1)

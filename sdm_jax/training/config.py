@@ -79,6 +79,18 @@ def _check_fields(prefix, config, expected):
     raise ConfigError(f"{prefix}: missing the fields {missing}; start from its defaults")
 
 
+def _check_data(data):
+  """The data task's own check of its fields together (num_queries <= num_kv_pairs, a corpus's manifest)."""
+  import re
+
+  from sdm_jax.data.pipeline import check_data
+  try:
+    check_data(data)
+  except ValueError as error:
+    line = str(error).splitlines()[0]
+    raise ConfigError(f"config.data.{line}" if re.match(r"\w+: ", line) else f"config.data: {line}") from None
+
+
 def _check_positive(config, fields):
   for field in fields:
     section, name = field.split(".")
@@ -120,6 +132,7 @@ def check_config(config, *, device_count=1):
   _check_fields("config.data", config.data, default_data_config(config.data.name))
   _check_fields("config.model", config.model, default_model_config())
   _check_fields("config.train", config.train, default_config())
+  _check_data(config.data)
   model = config.model
   check_choice("config.model.mixer", model.mixer, tuple(MIXERS))
   check_choice("config.model.impl", model.impl, (AUTO, *IMPLS))

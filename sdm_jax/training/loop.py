@@ -1,6 +1,8 @@
 """The training program, top to bottom: model, optimizer, mesh, data, resume, steps, eval, checkpoints."""
 
 import collections
+import contextlib
+import os
 import pathlib
 import signal
 import threading
@@ -10,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sdm_jax.data import make_dataset, make_iterator
+from sdm_jax.data import DataError, make_dataset, make_iterator
 from sdm_jax.evaluation.lm_eval import evaluate
 from sdm_jax.models import LanguageModel, count_params
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
@@ -39,39 +41,74 @@ class TrainingInterrupted(Exception):
                      f"{checkpoint} in {directory}")
 
 
+class TrainingDataError(ValueError):
+  """The training data could not be read (a damaged shard, named); the run stopped at a step boundary with a
+  checkpoint where batches were already read, else at its last checkpoint."""
+
+
 class StopSignals:
-  """Within the context, the first SIGINT or SIGTERM sets `signum` instead of interrupting, and the loop stops at
-  the next step boundary; the handlers before it come back then, so a second signal acts at once. A handler does
-  nothing else: printing from one can re-enter a stream the main thread is writing. Off the main thread (where
-  Python delivers no signals) it installs nothing."""
+  """Within the context, the first SIGINT or SIGTERM sets `signum` instead of interrupting, and the program stops
+  at its next step boundary (a training run, or a sweep's running run and then the sweep). A second signal ends
+  the process at once: one line on stderr and exit code 128 + signum through os._exit, because a KeyboardInterrupt
+  raised inside native code (a jitted step, orbax's writer threads) can end in `Fatal Python error: Aborted`; a
+  checkpoint being written then is left unfinished, which orbax never lists as a step. A handler does nothing
+  else: printing from one can re-enter a stream the main thread is writing (the last line is one os.write).
+
+  Contexts nest: an inner `with StopSignals()` (train() inside a sweep) gets the outer one, so a signal that came
+  between two runs stops the next at once. `forwarding(send)` passes every signal to send(signum) as well (a sweep
+  to its run's process). Off the main thread (where Python delivers no signals) it installs nothing."""
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
+  _active = None  # the outermost context on the main thread
 
   def __init__(self):
-    self.signum, self.previous = None, {}
+    self.signum, self.previous, self.forwards, self.nested = None, {}, [], False
+    self.data_error = None
 
   def __enter__(self):
+    if StopSignals._active is not None:
+      self.nested = True
+      return StopSignals._active
     if threading.current_thread() is threading.main_thread():
       self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+      StopSignals._active = self
     return self
 
   def _handle(self, signum, frame):
     del frame
-    self.signum = signum
-    self._restore()
+    for send in list(self.forwards):
+      send(signum)
+    if self.signum is None:
+      self.signum = signum
+      return
+    os.write(2, f"\n{signal.Signals(signum).name} again: stopped at once, without saving; the newest checkpoint "
+                f"is kept\n".encode())
+    os._exit(128 + signum)
 
-  def _restore(self):
-    for signum, handler in self.previous.items():
-      signal.signal(signum, handler)
-    self.previous = {}
+  @contextlib.contextmanager
+  def forwarding(self, send):
+    """Within the context, every signal is also passed to send(signum)."""
+    self.forwards.append(send)
+    try:
+      yield
+    finally:
+      self.forwards.remove(send)
 
   def __exit__(self, *exc):
-    self._restore()
+    if self.nested or StopSignals._active is not self:
+      return
+    for signum, handler in self.previous.items():
+      signal.signal(signum, handler)
+    self.previous, StopSignals._active = {}, None
 
   def requested(self, step, every):
     """Whether to stop after `step`. In one process: once signalled. In a multi-process run a signal may reach
     some processes only, or at different steps, and a process that stopped alone would leave the others waiting
-    in a collective: they agree, at every multiple of `every` steps, to stop when any of them was signalled."""
+    in a collective: they agree, at every multiple of `every` steps, to stop when any of them was signalled. Data
+    that cannot be read (`data_error`) stops every process at once: each reads every document (sdm_jax.data.corpus),
+    so all meet it at the same batch."""
+    if self.data_error is not None:
+      return True
     if jax.process_count() == 1:
       return self.signum is not None
     if step % every:
@@ -88,19 +125,28 @@ def build(config, mesh):
   return model
 
 
-def prefetch_to_device(iterator, mesh, count, ahead=2):
+def prefetch_to_device(iterator, mesh, count, ahead=2, stop=None):
   """Yields `count` (global batch, iterator state right after pulling it) pairs, `ahead` batches in advance.
 
   Pulling (and the host-to-device copy) happens while the steps already dispatched run on the device. The state
   travels with its batch so that a checkpoint saves the state of the batch consumed, not of the ones prefetched.
+  Data that cannot be read (DataError: a damaged shard) sets stop.data_error (raises without `stop`) and yields the
+  batches still queued, so the run stops at the next step boundary with a checkpoint, or where it started.
   """
   queue, pulled = collections.deque(), 0
   while queue or pulled < count:
     while pulled < count and len(queue) <= ahead:
-      batch = global_batch(next(iterator), mesh)
+      try:
+        batch = global_batch(next(iterator), mesh)
+      except DataError as error:
+        if stop is None:
+          raise
+        stop.data_error, pulled = error, count
+        break
       queue.append((batch, iterator.get_state()))
       pulled += 1
-    yield queue.popleft()
+    if queue:
+      yield queue.popleft()
 
 
 def _last_good(checkpoints):
@@ -165,6 +211,7 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
   metrics_log = MetricsLog(workdir, writes=primary, writers=metric_writers(workdir, config, log) if primary else ())
   profiler = StepProfiler(workdir, parse_profile_steps(train_cfg.get("profile_steps", "")), log)
   with StopSignals() as stop:
+    stop.data_error = None  # a sweep's context outlives the run that met an error
     try:
       step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
       metrics_log.truncate(step)  # the records of steps past the checkpoint belong to a run that was lost
@@ -177,12 +224,14 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
                           gradient_accumulation_steps=train_cfg.get("gradient_accumulation_steps", 1))
       pending = []  # (step, metrics of device scalars) not yet fetched
       logged, window = step, []  # window: the fetched metrics of the steps since the last log
-      for batch, data_state in prefetch_to_device(iterator, mesh, last - step):
+      for batch, data_state in prefetch_to_device(iterator, mesh, last - step, stop=stop):
         with profiler.step(step + 1):
           metrics = step_fn(batch)
         step += 1
         profiler.finish(step, metrics)
         pending.append((step, metrics))
+        if len(pending) > 1:  # two steps in flight at most, so a stop waits for them, not for every step queued
+          jax.block_until_ready(pending[-2][1])
         stopping = stop.requested(step, train_cfg.log_every)
         log_now = step % train_cfg.log_every == 0 or step == last or stopping
         eval_now = step % train_cfg.eval_every == 0 or step == train_cfg.steps
@@ -215,8 +264,12 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
             raise TrainingDiverged(f"non-finite state after step {step} ({error}); stopped without saving. "
                                    f"{_last_good(checkpoints)}") from None
         progress.exclude(time.perf_counter() - pause)
+        if stopping and stop.data_error is not None:
+          raise TrainingDataError(f"{stop.data_error}; stopped at step {step}. {_last_good(checkpoints)}")
         if stopping and step < last:
           raise TrainingInterrupted(stop.signum, step, checkpoints.latest_step(), checkpoints.directory)
+      if stop.data_error is not None:  # met at this call's first batch: nothing trained since the checkpoint
+        raise TrainingDataError(f"{stop.data_error}; stopped at step {step}. {_last_good(checkpoints)}")
     finally:
       checkpoints.close()
       profiler.close()

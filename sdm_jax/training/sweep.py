@@ -22,10 +22,11 @@ them one after another in the calling process instead (the seeds of a point then
 evaluations of its checkpoint at train.steps are all written is skipped, its checkpoints kept or not (results copied
 back from another machine without them); any other resumes (training from its newest checkpoint, then the missing
 evaluations). SIGINT stops the running run at a step boundary with a
-checkpoint (training.loop) and then the sweep.
+checkpoint (training.loop) and then the sweep; a second stops at once.
 """
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -33,6 +34,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -43,7 +45,7 @@ from ml_collections.config_flags import tuple_parser
 
 from sdm_jax import jsonio
 from sdm_jax.training.config import ConfigError, close_names
-from sdm_jax.training.workdir import checkpoint_steps
+from sdm_jax.training.workdir import absolute_paths, checkpoint_steps
 
 VARIANT = "variant"
 POINT = "point.json"
@@ -57,7 +59,12 @@ _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class SweepInterrupted(Exception):
-  """SIGINT / SIGTERM stopped a run (its checkpoint saved); the sweep stops too."""
+  """SIGINT / SIGTERM (`signum`) stopped the sweep: the running run at a step boundary with its checkpoint saved,
+  or before the next run."""
+
+  def __init__(self, message, signum):
+    self.signum = signum
+    super().__init__(message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,8 +273,9 @@ def plan(point_config, axes, seeds, workdir, eval_axes=()):
   for point, name in zip(points, point_names(points)):
     config = point_config(point)
     for seed in seeds:
-      directory = pathlib.Path(workdir) / name / f"seed_{seed}"
-      runs.append(Run(f"{name}/seed_{seed}".lstrip("./"), directory, point, seed, seeded(config, seed), eval_points))
+      directory = pathlib.Path(workdir).absolute() / name / f"seed_{seed}"
+      runs.append(Run(f"{name}/seed_{seed}".lstrip("./"), directory, point, seed,
+                      absolute_paths(seeded(config, seed)), eval_points))
   return runs
 
 
@@ -321,21 +329,32 @@ def prepare(run):
 
 
 def subprocess_runner(cache_dir=None, extra_args=()):
-  """A runner: trains and evaluates a prepared run directory in a process of its own, its lines passed to log."""
+  """A runner: trains and evaluates a prepared run directory in a process of its own, its lines passed to log.
+
+  Within a StopSignals context (run_sweep's) the process runs in a session of its own and gets each signal from
+  this one, once: a terminal's Ctrl-C reaches the whole foreground group, and a run that got it twice (directly
+  and forwarded) would stop without its checkpoint."""
   def run(run_dir, log):
+    from sdm_jax.training.loop import StopSignals
+    stop = StopSignals._active
     env = dict(os.environ)
     if cache_dir is not None:
       env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir))
     command = [sys.executable, "-m", "sdm_jax.training.sweep", str(run_dir), *extra_args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=stop is not None) as process, \
+        (stop.forwarding(process.send_signal) if stop is not None else contextlib.nullcontext()):
+      if stop is not None and stop.signum is not None:  # it came while the process was starting
+        process.send_signal(stop.signum)
       tail = []
       for line in process.stdout:
         line = line.rstrip("\n")
         tail = (tail + [line])[-20:]
         log(f"  {line}")
       code = process.wait()
-    if code in (130, 143):
-      raise SweepInterrupted(f"{run_dir}: stopped by a signal (exit {code}); its checkpoint is saved")
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+      raise SweepInterrupted(f"{run_dir}: stopped by {signal.Signals(code - 128).name} at a step boundary; its "
+                             f"checkpoint is saved", code - 128)
     if code:
       last = next((line for line in reversed(tail) if line.strip()), "")
       raise RuntimeError(f"exit {code}: {last}")
@@ -350,7 +369,7 @@ def in_process_runner(eval_batches=None):
     try:
       run_one(run_dir, eval_batches=eval_batches, log=lambda line: log(f"  {line}"))
     except TrainingInterrupted as error:
-      raise SweepInterrupted(str(error)) from None
+      raise SweepInterrupted(str(error), error.signum) from None
   return run
 
 
@@ -359,13 +378,22 @@ def run_sweep(runs, *, runner, log=print, workdir=None, description=None):
 
   runner(run_dir, log) trains and evaluates one prepared run directory (subprocess_runner, or in-process in tests)
   and raises on failure; a failure is reported and the sweep goes on. description, if given, is written to
-  <workdir>/sweep.json first.
+  <workdir>/sweep.json first. SIGINT / SIGTERM stop the running run at a step boundary with its checkpoint (the
+  runner's process gets the signal from here) and raise SweepInterrupted; a second stops at once (StopSignals).
   """
+  from sdm_jax.training.loop import StopSignals
   if workdir is not None and description is not None:
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
     _write_json(pathlib.Path(workdir) / SWEEP, description)
+  with StopSignals() as stop:
+    return _run_all(runs, runner, log, stop)
+
+
+def _run_all(runs, runner, log, stop):
   outcomes = {}
   for index, run in enumerate(runs, 1):
+    if stop.signum is not None:
+      raise SweepInterrupted(f"stopped by {signal.Signals(stop.signum).name} before {run.name}", stop.signum)
     state = status(run.directory, run.config.train.steps, run.eval_points)
     prefix = f"[{index}/{len(runs)}] {run.name}"
     if state == "done":
@@ -460,7 +488,8 @@ def parse_shard(text):
 
 
 def describe(runs, config_file, grid, eval_grid, seeds):
-  return {"config": str(config_file), "grid": grid, "eval_grid": eval_grid, "seeds": list(seeds),
+  path, colon, variant = str(config_file).partition(":")
+  return {"config": str(pathlib.Path(path).absolute()) + colon + variant, "grid": grid, "eval_grid": eval_grid, "seeds": list(seeds),
           "runs": [run.name for run in runs]}
 
 
@@ -533,9 +562,10 @@ def main(argv):
   run_dir = argv[1]
   eval_batches = int(argv[2]) if len(argv) > 2 else None
   log = lambda line: print(line, flush=True)
-  from sdm_jax.training.loop import TrainingInterrupted
+  from sdm_jax.training.loop import StopSignals, TrainingInterrupted
   try:
-    run_one(run_dir, eval_batches=eval_batches, log=log)
+    with StopSignals():  # a signal during the evaluations lets them finish; the sweep stops before the next run
+      run_one(run_dir, eval_batches=eval_batches, log=log)
   except TrainingInterrupted as error:
     print(error, flush=True)
     sys.exit(128 + error.signum)

@@ -38,7 +38,13 @@ def load_config(workdir):
   path = pathlib.Path(workdir) / CONFIG
   if not path.is_file():
     raise WorkdirError(f"workdir: expected a run directory written by experiments.train, but {path} does not exist")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  try:
+    config = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise WorkdirError(f"workdir: {path} is damaged: expected the run's config as JSON ({error})") from None
+  if not isinstance(config, dict) or not {"model", "data", "train"} <= set(config):
+    raise WorkdirError(f"workdir: {path} is damaged: expected the run's config (model, data, train)")
+  return ml_collections.ConfigDict(config)
 
 
 def checkpoint_steps(workdir):
@@ -52,6 +58,8 @@ def checkpoint_steps(workdir):
 def check_start(workdir, config, *, resume=True, overwrite=False):
   """Raises WorkdirError unless a call with `config` may use workdir as asked. Reads only."""
   workdir = pathlib.Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise WorkdirError(f"workdir: {workdir} is a file; expected a directory (new or a run's)")
   steps = checkpoint_steps(workdir)
   if overwrite or not steps:
     return
@@ -62,11 +70,22 @@ def check_start(workdir, config, *, resume=True, overwrite=False):
   if not (workdir / CONFIG).is_file():
     raise WorkdirError(f"workdir: {held} but no {CONFIG}, so its config is unknown; put back its {CONFIG} or "
                        f"pass --overwrite to delete that run and start afresh")
-  differences = config_differences(load_config(workdir), config)
+  differences = config_differences(absolute_paths(load_config(workdir)), config)
   if differences:
     raise WorkdirError(f"workdir: {held}, trained with another config: {'; '.join(differences)}. Resume it with "
                        f"its own config (only {', '.join(RESUMABLE_FIELDS)} may change) or pass --overwrite to "
                        f"delete that run and start afresh")
+
+
+def absolute_paths(config):
+  """config (changed in place, and returned) with its data's path fields (the task's PATH_FIELDS: a corpus's
+  data_dir) made absolute from the current directory, so a run's config.json names its data wherever it is read."""
+  from sdm_jax.data.pipeline import TASKS
+  data = config.get("data") or {}
+  for field in getattr(TASKS.get(data.get("name")), "PATH_FIELDS", ()):
+    if isinstance(data.get(field), str) and data[field]:
+      data[field] = str(pathlib.Path(data[field]).absolute())
+  return config
 
 
 def sync_processes(name):
