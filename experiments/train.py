@@ -20,8 +20,9 @@ from ml_collections import config_flags
 
 from experiments import cli
 
-config_flags.DEFINE_config_file("config", None, "Config file, path.py:variant.", lock_config=False)
-flags.mark_flag_as_required("config")
+config_flags.DEFINE_config_file("config", None, "Config file, path.py:variant (default, with a --workdir that holds "
+                                "a run: that run's own config.json, e.g. a run experiments.convert wrote).",
+                                lock_config=False)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics.jsonl and plots go (required unless "
                     "--print_config).")
 flags.DEFINE_boolean("print_config", False, "Print the resolved config (the variant with its --config.* "
@@ -48,8 +49,14 @@ def resume_command():
 def main(argv):
   del argv
   cli.setup()
+  config = FLAGS.config
+  if config is None:
+    if FLAGS.workdir is None:
+      raise app.UsageError("--config: expected path/to/config.py:variant (or a --workdir holding a run), got none")
+    from sdm_jax.training.workdir import load_config
+    config = load_config(FLAGS.workdir)
   if FLAGS.print_config:
-    print(FLAGS.config.to_json_best_effort(indent=2))
+    print(config.to_json_best_effort(indent=2))
     return
   if FLAGS.workdir is None:
     raise app.UsageError("--workdir: expected the run directory (a path), got none")
@@ -60,7 +67,7 @@ def main(argv):
   from sdm_jax.training.loop import TrainingDataError, TrainingDiverged, TrainingInterrupted, train
   from sdm_jax.training.workdir import absolute_paths
   try:
-    step = train(absolute_paths(FLAGS.config), FLAGS.workdir, resume=FLAGS.resume, overwrite=FLAGS.overwrite,
+    step = train(absolute_paths(config), FLAGS.workdir, resume=FLAGS.resume, overwrite=FLAGS.overwrite,
                  stop_after=FLAGS.stop_after, log=lambda line: print(line, flush=True))
   except (TrainingDataError, DataError) as error:  # a shard damaged after the run's checks: no traceback
     cli.fail(error)
