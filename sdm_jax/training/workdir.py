@@ -3,7 +3,7 @@
     <workdir>/config.json           the run's config (the newest call's; calls differ at most in RESUMABLE_FIELDS)
     <workdir>/checkpoints/          orbax checkpoints (checkpoint.py)
     <workdir>/checkpoints_damaged/  checkpoints that failed the checks of a restore
-    <workdir>/metrics.jsonl, metrics.png, eval.json
+    <workdir>/metrics.jsonl, metrics.png, eval.json, lm_eval.json
     <workdir>/tensorboard/, profile/, wandb/, wandb_run_id   the metric writers and traces (metrics.py)
 
 A workdir remembers its config. A call with checkpoints to continue resumes only with the same config, up to
@@ -25,7 +25,7 @@ from sdm_jax.training.config import RESUMABLE_FIELDS, config_differences
 
 CONFIG = "config.json"
 DAMAGED = "checkpoints_damaged"
-RUN_FILES = (CONFIG, "metrics.jsonl", "metrics.png", "eval.json", "wandb_run_id")
+RUN_FILES = (CONFIG, "metrics.jsonl", "metrics.png", "eval.json", "lm_eval.json", "wandb_run_id")
 RUN_DIRECTORIES = ("checkpoints", DAMAGED, "tensorboard", "profile", "wandb")
 
 
