@@ -10,7 +10,9 @@ Three launches, the forward's in reverse:
                   the WY inverse (dT = -A^T dA A^T, the channel gates inside dA) and dAqk = dO R^T.
                   Writes dz, dT and dAqk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
   pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
-                  block, added to those terms: dq, du, de and dg (in place).
+                  block, added to those terms: dq, du, de and dg (in place). With one decay per head (G and dg
+                  [B, T, H]) grid (B, H, N): plain dots with dT and dAqk times one [C, C] decay matrix, every key
+                  block in one program, since all of them add to the head's one dg.
 Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/sessions/2026-11-30_h200_session7.md).
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
@@ -29,9 +31,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
-from pallas_kernels.delta_rule_fwd import (DocumentMasks, StatePassSettings, check_block_v, chunk_rows_spec,
-                                           chunk_spec, columns, document_masks, document_spec, masked, params,
-                                           seq_spec, split_documents, state_dot, state_spec, states_spec)
+from pallas_kernels.delta_rule_fwd import (DocumentMasks, StatePassSettings, check_block_v, chunk_decay, chunk_decays,
+                                           chunk_spec, columns, decays_spec, document_masks, document_spec,
+                                           last_decays, masked, params, seq_spec, split_documents, state_dot,
+                                           state_spec, states_spec)
 
 
 def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, Aqk_ref, do_ref, dht_ref, dr_ref,
@@ -46,7 +49,7 @@ def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, 
     d_o = do_ref[t, :]
     d_r = sdot(Aqk_ref[t, :].T, d_o) + sdot(u_decayed_ref[t, :], d_state)
     dr_ref[t, :] = d_r
-    return decay_last_ref[n][:, None] * d_state + sdot(q_decayed_ref[t, :].T, d_o) - sdot(Y_ref[t, :].T, d_r)
+    return chunk_decay(decay_last_ref, n) * d_state + sdot(q_decayed_ref[t, :].T, d_o) - sdot(Y_ref[t, :].T, d_r)
 
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
 
@@ -76,7 +79,7 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, int
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32)),
       grid=(B, H, V // block_v),
-      in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, chunk_size),
+      in_specs=[seq_spec(T, K)] * 2 + [decays_spec(c, N), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
       out_specs=(seq_spec(T, V, block_v), state_spec(K, block_v), states_spec(N, K, block_v)),
       compiler_params=params(s.num_warps, s.num_stages),
@@ -86,10 +89,11 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, int
 
 
 def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_ref, ds_ref, do_ref, dr_ref, *refs,
-                            scale, key_block, value_block, packed, interpret):
+                            scale, key_block, value_block, scalar_decay, packed, interpret):
   """Passes 1 to 3 (pass 4 is `_pair_bwd_kernel`). packed: refs start with the chunk's documents, and every
   decay the forward masked (`DocumentMasks`) is masked here too, so the gradients, dg included, are those of
-  the masked chunk form; pass 4 then needs no masks (dT and dAqk are 0 across documents)."""
+  the masked chunk form; pass 4 then needs no masks (dT and dAqk are 0 across documents). scalar_decay: G_ref and
+  dg_ref [C], one decay per head: the terms of dg are summed over the channels, then over the rows they span."""
   documents_ref, (dz_ref, dg_ref, parts_ref, dt_ref, dAqk_ref) = split_documents(refs, packed)
   masks = document_masks(documents_ref) or DocumentMasks(None, None, None, None)
   f32 = jnp.float32
@@ -114,7 +118,8 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
   # dq~ = dO S^T, du~ = R dS^T, d exp(G_C)), and the terms of dq, du, de and dg they give, kept in the fp32
   # `parts` (0: d e, 1: d q~, 2: d u; dg's in dg itself) until pass 4 adds the pair terms. Only A and dA
   # stay live.
-  def state_block(i, d_a):
+  def state_block(i, carry):
+    d_a, *dg_terms = carry
     keys = pl.ds(i * kb, kb)
     d_y, d_q_decayed, d_u_decayed = (jnp.zeros((C, kb), f32) for _ in range(3))
     d_decay_last = jnp.zeros((kb,), f32)
@@ -125,9 +130,10 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
       d_q_decayed += cm.dot(columns(do_ref, j, vb), state.T, io)
       d_u_decayed += cm.dot(columns(r_ref, j, vb), d_state.T, io)
       d_decay_last += jnp.sum(state * d_state, axis=1)
-    G = G_ref[:, keys]
+    G = chunk_decays(G_ref, keys, scalar_decay)
     exp_G = masked(masks.sees_state, jnp.exp(G))
-    G_C = G_ref[C - 1, keys][None, :]
+    G_C = last_decays(G_ref, keys, scalar_decay)
+    G_C = G_C if scalar_decay else G_C[None, :]
     exp_to_end = masked(masks.in_last, jnp.exp(G_C - G))
     e, u = columns(e_ref, i, kb), columns(u_ref, i, kb)
     e_decayed = e * exp_G
@@ -139,12 +145,26 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
     # dg_t = sum_{r >= t} dG_r + sum_{r < t} (u exp(G_C - G) du~)_r + exp(G_C) d(exp(G_C)); pass 4 adds the
     # suffix sums of the pair terms' dG.
     d_G = e * d_e + columns(q_ref, i, kb) * scale * d_q_decayed
-    suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
-    dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * exp_to_end * d_u_decayed, near)
-                       + masked(masks.carries, jnp.exp(G_C)) * d_decay_last[None, :])
-    return d_a + cm.dot(d_y, e_decayed.T, io)
+    if scalar_decay:  # summed over this block's channels here, over the rows they span after the loop
+      row_terms, state_terms, last_terms = dg_terms
+      dg_terms = (row_terms + jnp.sum(d_G, axis=1), state_terms + jnp.sum(u * exp_to_end * d_u_decayed, axis=1),
+                  last_terms + d_decay_last)
+    else:
+      suffix, prefix = cm.lower_ones(C, False, i).T, cm.lower_ones(C, True, i)
+      dg_ref[:, keys] = (cm.dot(suffix, d_G, near) + cm.dot(prefix, u * exp_to_end * d_u_decayed, near)
+                         + masked(masks.carries, jnp.exp(G_C)) * d_decay_last[None, :])
+    return d_a + cm.dot(d_y, e_decayed.T, io), *dg_terms
 
-  d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, state_block, d_a), 0.0)
+  if scalar_decay:
+    by_row = jnp.zeros((C,), f32), jnp.zeros((C,), f32), jnp.zeros((kb,), f32)
+    d_a, row_terms, state_terms, last_terms = jax.lax.fori_loop(0, K // kb, state_block, (d_a, *by_row))
+    d_a = jnp.where(rows >= cols, d_a, 0.0)
+    # g_t is in G_r for rows r >= t, in G_C - G_r for rows r < t, and in G_C: masked sums in fp32, no dot.
+    dg_ref[...] = (jnp.sum(jnp.where(cols >= rows, row_terms[None, :], 0.0), axis=1)
+                   + jnp.sum(jnp.where(cols < rows, state_terms[None, :], 0.0), axis=1)
+                   + masked(masks.carries, jnp.exp(G_ref[C - 1])) * jnp.sum(last_terms))
+  else:
+    d_a = jnp.where(rows >= cols, jax.lax.fori_loop(0, K // kb, lambda i, d_a: state_block(i, (d_a,))[0], d_a), 0.0)
   d_t = masked(masks.same, jnp.where(rows > cols, -cm.dot(cm.dot(A.T, d_a, near), A.T, near), 0.0))
 
   # Pass 3, over V blocks: dAqk = dO R^T.
@@ -176,12 +196,48 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg
   de_ref[...] = (d_e + parts_ref[0]).astype(de_ref.dtype)
 
 
+def _scalar_pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref,
+                            de_ref, dg_ref, *, scale, key_block, interpret):
+  """Pass 4 with one decay per head (G_ref and dg_ref [C]), one chunk, key_block channels at a time. The grams are
+  plain ones times D[r, c] = exp(G_r - G_c) (`delta_rule_fwd._scalar_grams`), so their gradients are plain dots with
+  dT * D and dAqk * D, added to pass 2's terms (parts); each pair's term of dg, dT[r, c] T[r, c] (and Aqk's), goes
+  to the g_t it spans, c < t <= r, as in `chunk_math.decayed_grams_bwd`."""
+  del dg_in_ref  # aliased with dg_ref
+  near, io, _ = cm.precisions(dq_ref.dtype, interpret)
+  C, K = q_ref.shape
+  kb = min(key_block, K)
+  rows, cols = cm.iota((C, C), 0), cm.iota((C, C), 1)
+  G = G_ref[...]
+  causal = cols <= rows
+  # Masked before exp, so every exponent is <= 0; dT is 0 on and above the diagonal, Aqk's diagonal has decay 1.
+  D = jnp.exp(jnp.where(causal, G[:, None] - G[None, :], 0.0))
+  p_t = dt_ref[...] * D
+  p_qk = jnp.where(causal, dAqk_ref[...] * D, 0.0)
+
+  def key_block_grads(i, grams):
+    keys = pl.ds(i * kb, kb)
+    q = columns(q_ref, i, kb) * scale
+    u, e = columns(u_ref, i, kb), columns(e_ref, i, kb)
+    dq_ref[:, keys] = ((cm.dot(p_qk, u, io) + parts_ref[1, :, keys]) * scale).astype(dq_ref.dtype)
+    du_ref[:, keys] = (cm.dot(p_t.T, e, io) + cm.dot(p_qk.T, q, io) + parts_ref[2, :, keys]).astype(du_ref.dtype)
+    de_ref[:, keys] = (cm.dot(p_t, u, io) + parts_ref[0, :, keys]).astype(de_ref.dtype)
+    u_t = u.T
+    return grams[0] + cm.dot(e, u_t, io), grams[1] + cm.dot(q, u_t, io)
+
+  square = jnp.zeros((C, C), jnp.float32)
+  e_u, q_u = jax.lax.fori_loop(0, K // kb, key_block_grads, (square, square))
+  pair_terms = p_t * e_u + jnp.where(rows > cols, p_qk * q_u, 0.0)
+  spans = cm.dot(cm.lower_ones(C, False).T, pair_terms, near)  # [t, c]: the pairs (r >= t, c)
+  dg_ref[...] += jnp.sum(jnp.where(cols < rows, spans, 0.0), axis=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class IntraChunkBwdSettings:
   """Launch settings of `intra_chunk_bwd`. Passes 1 to 3: key_block key and value_block value channels per step,
   num_warps warps, num_stages Triton pipelining stages of its channel-block loops. Pass 4 (pair_bwd): one key
   block of pair_key_block channels per program, pair_warps warps, the pairs inside blocks of sub_block rows
-  formed elementwise (`chunk_math`). A block wider than K or V takes all of it."""
+  formed elementwise (`chunk_math`); with one decay per head, one chunk per program, pair_key_block channels at a
+  time. A block wider than K or V takes all of it."""
   key_block: int
   value_block: int
   num_warps: int
@@ -194,10 +250,16 @@ class IntraChunkBwdSettings:
   def default(cls, chunk_size):
     """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
     # key blocks and warps: benchmarks/sessions/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
-    # 4-row sub-blocks: benchmarks/sessions/2026-11-30_h200_session9.md; value_block not swept.
+    # 4-row sub-blocks: benchmarks/sessions/2026-11-30_h200_session9.md; value_block not swept. The one-decay pass 4
+    # takes the per-channel one's key block and warps, untimed.
     warps = 2 if chunk_size <= 32 else 4
     return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
                sub_block=4)
+
+
+def parts_spec(C, K):
+  """[3, B, T, H, K] fp32 (pass 2's terms of de, dq~, du), the three of one chunk per program of a (B, H, N) grid."""
+  return pl.BlockSpec((3, pl.squeezed, C, pl.squeezed, K), lambda b, h, n: (0, b, n, h, 0))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size", "settings", "interpret"))
@@ -205,19 +267,22 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
                     settings=None, interpret=False):
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
-  G: `chunk_cumsum(g)`; A: the inverse from `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the
-  state entering and the gradient of the state leaving each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from
-  `state_pass_bwd`; documents: None, or the [B, T] int32 the forward's `intra_chunk` read (packed sequences).
-  dg is the gradient with respect to the g the forward's cumsum G summed; at a document start that g has no
-  effect, and the op's masking of it gives it exactly 0.
-  Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block. settings: `IntraChunkBwdSettings`
-  (None: its default for chunk_size).
+  G: `chunk_cumsum(g)`, [B, T, H, K], or [B, T, H] with one decay per head (then dg is [B, T, H]); A: the inverse from
+  `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the gradient of the state leaving
+  each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`; documents: None, or the [B, T] int32 the
+  forward's `intra_chunk` read (packed sequences). dg is the gradient with respect to the g the forward's cumsum G
+  summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
+  Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
+  settings: `IntraChunkBwdSettings` (None: its default for chunk_size).
   """
   s = IntraChunkBwdSettings.default(chunk_size) if settings is None else settings
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
   kb, pkb = min(s.key_block, K), min(s.pair_key_block, K)
+  scalar_decay = G.ndim == 3
+  decays = None if scalar_decay else K
+  dg_shape = jax.ShapeDtypeStruct(G.shape, jnp.float32)
   sq = pl.squeezed
   chunk_state = pl.BlockSpec((sq, sq, sq, K, V), lambda b, h, n: (b, h, n, 0, 0))
   io = z.dtype
@@ -226,23 +291,38 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   extra = ((documents,), [document_spec(C)]) if packed else ((), [])
   dz, dg, parts, d_t, d_Aqk = pl.pallas_call(
       functools.partial(_intra_chunk_bwd_kernel, scale=scale, key_block=kb, value_block=s.value_block,
-                        packed=packed, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),
-                 jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32), pairs, pairs),
+                        scalar_decay=scalar_decay, packed=packed, interpret=interpret),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), io), dg_shape, jax.ShapeDtypeStruct((3, B, T, H, K), jnp.float32),
+                 pairs, pairs),
       grid=(B, H, T // C),
-      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, C),
+      in_specs=[chunk_spec(C, K)] * 3 + [chunk_spec(C, V), chunk_spec(C, decays), chunk_spec(C, V), chunk_spec(C, C),
                                          chunk_state, chunk_state, chunk_spec(C, V), chunk_spec(C, V)] + extra[1],
-      out_specs=(chunk_spec(C, V), chunk_spec(C, K), pl.BlockSpec((3, sq, C, sq, K), lambda b, h, n: (0, b, n, h, 0)),
+      out_specs=(chunk_spec(C, V), chunk_spec(C, decays), parts_spec(C, K),
                  chunk_spec(C, C), chunk_spec(C, C)),
       compiler_params=params(s.num_warps, s.num_stages),
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
   )(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *extra[0])
+  grads = (jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (dg_shape,)
+  if scalar_decay:
+    whole, pair = chunk_spec(C, K), chunk_spec(C, C)
+    dq, du, de, dg = pl.pallas_call(
+        functools.partial(_scalar_pair_bwd_kernel, scale=scale, key_block=pkb, interpret=interpret),
+        out_shape=grads,
+        grid=(B, H, T // C),
+        in_specs=[whole] * 3 + [chunk_spec(C), pair, pair, parts_spec(C, K), chunk_spec(C)],
+        out_specs=(whole,) * 3 + (chunk_spec(C),),
+        input_output_aliases={7: 3},
+        compiler_params=params(s.pair_warps),
+        interpret=interpret,
+        name="delta_rule_pair_bwd",
+    )(q, u, e, G, d_t, d_Aqk, parts, dg)
+    return dq, du, de, dz, dg
   block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
   pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
   dq, du, de, dg = pl.pallas_call(
       functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, interpret=interpret),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (jax.ShapeDtypeStruct((B, T, H, K), jnp.float32),),
+      out_shape=grads,
       grid=(B, H, T // C, K // pkb),
       in_specs=[block] * 4 + [pair] * 2 + [pl.BlockSpec((3, sq, C, sq, pkb), lambda b, h, n, i: (0, b, n, h, i)), block],
       out_specs=(block,) * 4,

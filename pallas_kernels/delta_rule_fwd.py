@@ -26,6 +26,9 @@ g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`;
 fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
 state_pass the state entering every chunk [B, H, N, K, V] fp32.
 
+A decay shared by all channels (GDN's one number per head) travels as g and G [B, T, H] and exp(G_C) [B, N, H]:
+every kernel, backward included, takes its rank as the sign and reads one decay per row instead of K.
+
 Between the kernels the per-chunk tensors travel as one `ChunkTensors`, selected by name. Each launching function
 takes its launch settings as one frozen dataclass (`ChunkCumsumSettings`, `IntraChunkSettings`,
 `StatePassSettings`; None: the rule its classmethod holds, beside the measurement it came from).
@@ -48,7 +51,8 @@ class ChunkTensors(NamedTuple):
   """What `intra_chunk` gives the state passes (DESIGN.md section 2's names), [B, T, H, D] in the io dtype unless
   said: Y = A (e * exp(G)) [.., K]; U = A z [.., V]; Aqk [.., C], the decayed q-u Gram matrix (lower, with the
   diagonal); q_decayed = scale * q * exp(G) (q~) and u_decayed = u * exp(G_C - G) (u~) [.., K];
-  decay_last = exp(G_C) [B, N, H, K] fp32; A = (I + T)^-1 [.., C] fp32 when intra_chunk saves it, else None."""
+  decay_last = exp(G_C) [B, N, H, K] fp32 ([B, N, H] with one decay per head); A = (I + T)^-1 [.., C] fp32 when
+  intra_chunk saves it, else None."""
   Y: jax.Array
   U: jax.Array
   Aqk: jax.Array
@@ -122,8 +126,8 @@ def split_documents(refs, packed):
 def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, packed, padded,
                        interpret):
   """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
-  are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: every channel
-  of G holds the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
+  are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: G_ref [C] holds
+  the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
   with the chunk's documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
   documents_ref, refs = split_documents(refs, packed)
   real_ref, refs = split_documents(refs, padded)
@@ -172,7 +176,7 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
 
   square = jnp.zeros((C, C), jnp.float32)
   e_u, q_u = jax.lax.fori_loop(0, K // kb, gram_block, (square, square))
-  G = G_ref[:, 0]
+  G = G_ref[...]
   r, c = cm.iota((C, C), 0), cm.iota((C, C), 1)
   pairs = lambda mask: mask if same is None else mask & same
   D = jnp.exp(jnp.where(pairs(c <= r), G[:, None] - G[None, :], 0.0))
@@ -180,9 +184,23 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
   Aqk_ref[...] = jnp.where(pairs(c <= r), q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
-def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, packed, padded, interpret):
+def chunk_decays(G_ref, keys, scalar_decay):
+  """G [C, kb]: a chunk's cumsum at the channels `keys`; with scalar_decay (G_ref [C], one decay per head) [C, 1],
+  the same for every channel."""
+  return G_ref[...][:, None] if scalar_decay else G_ref[:, keys]
+
+
+def last_decays(G_ref, keys, scalar_decay):
+  """G_C [kb]: the chunk's last row of G at the channels `keys`; with scalar_decay a scalar (`chunk_decays`)."""
+  C = G_ref.shape[0]
+  return G_ref[C - 1] if scalar_decay else G_ref[C - 1, keys]
+
+
+def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_block, scalar_decay, packed, padded,
+                   interpret):
   """One chunk, from the inverse A: Y = A (e * exp(G)), U = A z, and the decays q~, u~, exp(G_C),
-  key_block / value_block channels at a time; packed: refs start with the chunk's documents (`DocumentMasks`)."""
+  key_block / value_block channels at a time; packed: refs start with the chunk's documents (`DocumentMasks`);
+  scalar_decay: G_ref [C] and decay_last_ref a scalar (`chunk_decays`)."""
   documents_ref, refs = split_documents(refs, packed)
   real_ref, refs = split_documents(refs, padded)
   masks = document_masks(documents_ref) or DocumentMasks(None, None, None, None)
@@ -197,15 +215,20 @@ def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_blo
 
   def y_block(i, carry):
     keys = pl.ds(i * kb, kb)
-    G = G_ref[:, keys]
+    G = chunk_decays(G_ref, keys, scalar_decay)
     exp_G = masked(masks.sees_state, jnp.exp(G))
     u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
     Y_ref[:, keys] = cm.dot(A, e * exp_G, io).astype(Y_ref.dtype)
-    G_C = G_ref[C - 1, keys]
+    G_C = last_decays(G_ref, keys, scalar_decay)
     q_decayed_ref[:, keys] = (columns(q_ref, i, kb) * q_scale * exp_G).astype(q_decayed_ref.dtype)
-    u_decayed_ref[:, keys] = (u * masked(masks.in_last, jnp.exp(G_C[None, :] - G))).astype(u_decayed_ref.dtype)
-    decay_last_ref[keys] = masked(masks.carries, jnp.exp(G_C))
+    to_end = (G_C if scalar_decay else G_C[None, :]) - G
+    u_decayed_ref[:, keys] = (u * masked(masks.in_last, jnp.exp(to_end))).astype(u_decayed_ref.dtype)
+    if not scalar_decay:
+      decay_last_ref[keys] = masked(masks.carries, jnp.exp(G_C))
     return carry
+
+  if scalar_decay:
+    decay_last_ref[...] = masked(masks.carries, jnp.exp(G_ref[C - 1]))
 
   def u_block(j, carry):
     values = pl.ds(j * vb, vb)
@@ -214,6 +237,12 @@ def _solved_kernel(A_ref, q_ref, G_ref, *refs, form, scale, key_block, value_blo
 
   jax.lax.fori_loop(0, K // kb, y_block, 0)
   jax.lax.fori_loop(0, V // vb, u_block, 0)
+
+
+def chunk_decay(decay_last_ref, n):
+  """exp(G_C) of chunk n as a factor of the [K, block_v] state: [K, 1] per channel, or the head's one number."""
+  decay = decay_last_ref[n]
+  return decay[:, None] if decay.ndim else decay
 
 
 def state_dot(io_dtype, interpret):
@@ -234,7 +263,7 @@ def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_re
     if saved_refs:
       saved_refs[1][t, :] = R
     o_ref[t, :] = (sdot(q_decayed_ref[t, :], state) + sdot(Aqk_ref[t, :], R)).astype(o_ref.dtype)
-    return decay_last_ref[n][:, None] * state + sdot(u_decayed_ref[t, :].T, R)
+    return chunk_decay(decay_last_ref, n) * state + sdot(u_decayed_ref[t, :].T, R)
 
   ht_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, h0_ref[...].astype(f32))
 
@@ -243,7 +272,8 @@ def _chunk_cumsum_kernel(g_ref, *refs):
   *keep_ref, G_ref = refs
   g = g_ref[...].astype(jnp.float32)
   if keep_ref:  # packed documents: g counts only where keep is nonzero
-    g = jnp.where(keep_ref[0][...][:, None] != 0, g, 0.0)
+    keep = keep_ref[0][...] != 0
+    g = jnp.where(keep[:, None] if g.ndim == 2 else keep, g, 0.0)
   G_ref[...] = jnp.cumsum(g, axis=0)
 
 
@@ -260,13 +290,15 @@ class ChunkCumsumSettings:
 
 
 def chunk_cumsum(g, chunk_size, interpret=False, *, keep=None, settings=None):
-  """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program.
+  """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program;
+  g [B, T, H] (one decay per head) gives G [B, T, H].
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
   plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/sessions/2026-11-30_h200_session9.md).
   keep: None, or for packed documents [B, T] int32, nonzero where g counts (g is taken as 0 elsewhere: padding and
   document starts), so that g needs no masking pass of its own. settings: `ChunkCumsumSettings` (None: its default)."""
   settings = ChunkCumsumSettings.default() if settings is None else settings
-  B, T, H, K = g.shape
+  B, T, H = g.shape[:3]
+  K = g.shape[3] if g.ndim == 4 else None
   specs, arrays = [chunk_spec(chunk_size, K)], (g,)
   if keep is not None:
     specs, arrays = specs + [document_spec(chunk_size)], arrays + (keep,)
@@ -287,8 +319,11 @@ def chunk_spec(C, d=None):
   return pl.BlockSpec((pl.squeezed, C, pl.squeezed, d), lambda b, h, n: (b, n, h, 0))
 
 
-def chunk_row_spec(K):
-  """[B, N, H, K] arrays (one row per chunk), one row per program of a (B, H, N) grid."""
+def chunk_row_spec(K=None):
+  """[B, N, H, K] arrays (one row per chunk), one row per program of a (B, H, N) grid; [B, N, H] (K None), one
+  number per program."""
+  if K is None:
+    return pl.BlockSpec((pl.squeezed,) * 3, lambda b, h, n: (b, n, h))
   return pl.BlockSpec((pl.squeezed, pl.squeezed, pl.squeezed, K), lambda b, h, n: (b, n, h, 0))
 
 
@@ -318,11 +353,12 @@ class IntraChunkSettings:
                solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2)
 
 
-@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse",
-                                             "scalar_decay", "settings", "interpret"))
-def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False,
-                scalar_decay=False, documents=None, real=None, settings=None, interpret=False):
-  """G = `chunk_cumsum(g)`; arrays: what `form` builds u, e, z from (by default the formed (u, z, e)).
+@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "settings",
+                                             "interpret"))
+def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, documents=None,
+                real=None, settings=None, interpret=False):
+  """G = `chunk_cumsum(g)`, [B, T, H, K] or [B, T, H] (one decay per head); arrays: what `form` builds u, e, z
+  from (by default the formed (u, z, e)).
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
   value-side array), decay_last, and with save_inverse A (else A is None).
   documents: None, or for packed sequences [B, T] int32, at each token the document starts at or before it in its
@@ -332,14 +368,16 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   padding token inert without a pass over q and k).
 
   Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its default
-  for chunk_size). scalar_decay: g is the same in every channel (GDN, broadcast), so gram_solve forms the grams as
-  plain dots times one decay matrix."""
+  for chunk_size). With G [B, T, H] gram_solve forms the grams as plain dots times one decay matrix, and decay_last
+  is [B, N, H]."""
   s = IntraChunkSettings.default(chunk_size) if settings is None else settings
   io_dtype = jnp.dtype(io_dtype or arrays[1].dtype)
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   form.check(K, V)
   C = chunk_size
+  scalar_decay = G.ndim == 3
+  decays = None if scalar_decay else K
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
   specs = [chunk_spec(C, None if kind == "head" else x.shape[-1]) for kind, x in zip(form.kinds, arrays)]
@@ -354,17 +392,18 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=s.key_block, sub_block=s.sub_block,
                         scalar_decay=scalar_decay, packed=packed, padded=padded, interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
-      grid=grid, in_specs=[chunk_spec(C, K)] * 2 + specs, out_specs=(chunk_spec(C, C),) * 2,
+      grid=grid, in_specs=[chunk_spec(C, K), chunk_spec(C, decays)] + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(s.num_warps, s.num_stages), interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
   Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
       functools.partial(_solved_kernel, form=form, scale=scale, key_block=s.solve_key_block,
-                        value_block=s.solve_value_block, packed=packed, padded=padded, interpret=interpret),
+                        value_block=s.solve_value_block, scalar_decay=scalar_decay, packed=packed, padded=padded,
+                        interpret=interpret),
       out_shape=(key, jax.ShapeDtypeStruct((B, T, H, V), io_dtype), key, key,
-                 jax.ShapeDtypeStruct((B, T // C, H, K), jnp.float32)),
+                 jax.ShapeDtypeStruct((B, T // C, H) + (() if scalar_decay else (K,)), jnp.float32)),
       grid=grid,
-      in_specs=[chunk_spec(C, C)] + [chunk_spec(C, K)] * 2 + specs,
-      out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(K)),
+      in_specs=[chunk_spec(C, C), chunk_spec(C, K), chunk_spec(C, decays)] + specs,
+      out_specs=(chunk_spec(C, K), chunk_spec(C, V), chunk_spec(C, K), chunk_spec(C, K), chunk_row_spec(decays)),
       compiler_params=params(s.solve_warps, s.solve_stages), interpret=interpret,
       name="delta_rule_solved")(A, q, G, *arrays)
   return ChunkTensors(Y=Y, U=U, Aqk=Aqk, q_decayed=q_decayed, u_decayed=u_decayed, decay_last=decay_last,
@@ -378,9 +417,16 @@ def seq_spec(T, d, block=None):
   return pl.BlockSpec((pl.squeezed, T, pl.squeezed, block), lambda b, h, j: (b, 0, h, j))
 
 
-def chunk_rows_spec(N, K):
-  """[B, N, H, K] arrays whole along N for a (B, H, d / block) grid."""
+def chunk_rows_spec(N, K=None):
+  """[B, N, H, K] arrays ([B, N, H] when K is None) whole along N for a (B, H, d / block) grid."""
+  if K is None:
+    return pl.BlockSpec((pl.squeezed, N, pl.squeezed), lambda b, h, j: (b, 0, h))
   return pl.BlockSpec((pl.squeezed, N, pl.squeezed, K), lambda b, h, j: (b, 0, h, 0))
+
+
+def decays_spec(chunks, N):
+  """The spec of chunks.decay_last ([B, N, H, K], or [B, N, H] with one decay per head) for the state passes."""
+  return chunk_rows_spec(N, chunks.decay_last.shape[3] if chunks.decay_last.ndim == 4 else None)
 
 
 def state_spec(K, block_v):
@@ -462,7 +508,7 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
       functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(io, interpret)),
       out_shape=tuple(out_shape),
       grid=(B, H, V // block_v),
-      in_specs=[seq_spec(T, K)] * 2 + [chunk_rows_spec(N, K), seq_spec(T, K), seq_spec(T, V, block_v),
+      in_specs=[seq_spec(T, K)] * 2 + [decays_spec(c, N), seq_spec(T, K), seq_spec(T, V, block_v),
                                        seq_spec(T, chunk_size), state_spec(K, block_v)],
       out_specs=tuple(out_specs),
       compiler_params=params(s.num_warps, s.num_stages),
@@ -474,7 +520,8 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
 def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, interpret=False):
   """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
 
-  q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] fp32; initial_state: [B, H, K, V] fp32.
+  q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (one decay per head) fp32;
+  initial_state: [B, H, K, V] fp32.
   T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
   """
   G = chunk_cumsum(g, chunk_size, interpret)

@@ -10,7 +10,7 @@ grid {"<kernel>.<field>": values} sweeps the product of its fields' values per k
 state passes go through their shape rule, so the stages follow block_v as the library's do).
 
 Inputs: the mixer's op inputs (`op_inputs.make_op_inputs`, K = V, no initial state), formed into q, u, e, z as the
-op forms them (`reference_inputs`; a per-head decay broadcast over K, with the forward's scalar-decay grams);
+op forms them (`reference_inputs`; a per-head decay as [B, T, H], which every kernel reads as one decay per row);
 each kernel after the first reads what the one before it wrote (default settings). Median of `reps` warm runs over
 3 rotated input sets where the kernel reads inputs (`timing.median_ms`: the kernel's device time on the GPU), over
 one set for the backward kernels. Off the GPU the kernels run in interpret mode (a smoke test: use small shapes).
@@ -63,16 +63,13 @@ def grid_points(kernel, grid):
 
 
 def formed_inputs(mixer, B, T, H, K, dtype, seed):
-  """{raw: (q, k, v, *gates), formed: (q, u, e, z) in dtype, g: [B, T, H, K] fp32, scalar_decay, build}."""
+  """{raw: (q, k, v, *gates), formed: (q, u, e, z) in dtype, g: [B, T, H, K] fp32 ([B, T, H] for a mixer with one
+  decay per head, as the kernels read it), build}."""
   spec = ops.MIXERS[mixer]
   _, args = make_op_inputs(mixer, B, T, H, K, K, dtype, seed, initial_state=False)
   raw = (args["q"], args["k"], args["v"], *[args[name] for name, _ in spec.gates])
-  g = args["g"].astype(jnp.float32)
-  scalar_decay = g.ndim == 3
-  if scalar_decay:
-    g = jnp.broadcast_to(g[..., None], args["q"].shape)
   formed = reference_inputs(spec.build, True, jnp.dtype(dtype), *raw)
-  return {"raw": raw, "formed": formed, "g": g, "scalar_decay": scalar_decay, "build": spec.build}
+  return {"raw": raw, "formed": formed, "g": args["g"].astype(jnp.float32), "build": spec.build}
 
 
 def _bytes(*trees):
@@ -84,7 +81,7 @@ def sweep(mixer, B, T, H, K, chunk_size, dtype, *, parts=PARTS, grid=None, reps=
   grid = grid or {}
   C, V, scale, interpret = chunk_size, K, K**-0.5, not on_gpu()
   sets = [formed_inputs(mixer, B, T, H, K, dtype, 10 * i) for i in range(INPUT_SETS)]
-  scalar_decay, build = sets[0]["scalar_decay"], sets[0]["build"]
+  build = sets[0]["build"]
   io = jnp.dtype(dtype)
   base = {"mixer": mixer, "B": B, "T": T, "H": H, "K": K, "chunk_size": C}
   records = []
@@ -123,7 +120,7 @@ def sweep(mixer, B, T, H, K, chunk_size, dtype, *, parts=PARTS, grid=None, reps=
   g_sets = [(s["g"],) for s in sets]
   if "chunk_cumsum" in parts:
     floor = 2 * _bytes(g_sets[0])
-    xla = lambda g: jnp.cumsum(g.reshape(B, T // C, C, H, K), axis=2).reshape(B, T, H, K)
+    xla = lambda g: jnp.cumsum(g.reshape(B, T // C, C, *g.shape[2:]), axis=2).reshape(g.shape)
     timed("cumsum", "XLA", xla, g_sets, floor)
     each("chunk_cumsum", lambda s, launch: timed(
         "chunk_cumsum", launch, lambda g: chunk_cumsum(g, C, interpret, settings=s), g_sets, None, s))
@@ -132,7 +129,7 @@ def sweep(mixer, B, T, H, K, chunk_size, dtype, *, parts=PARTS, grid=None, reps=
   kw = dict(chunk_size=C, interpret=interpret)
   cumsum = made("chunk_cumsum", lambda g: chunk_cumsum(g, C, interpret))
   chunk_sets = [(s["formed"][0], (s["formed"][1], s["formed"][3], s["formed"][2]), cumsum(s["g"])) for s in sets]
-  forward = lambda *a, **more: intra_chunk(*a, save_inverse=True, scalar_decay=scalar_decay, scale=scale, **kw, **more)
+  forward = lambda *a, **more: intra_chunk(*a, save_inverse=True, scale=scale, **kw, **more)
   if "intra_chunk" in parts:
     each("intra_chunk", lambda s, launch: timed(
         "intra_chunk save_inverse", launch, lambda *a: forward(*a, settings=s), chunk_sets, None, s))

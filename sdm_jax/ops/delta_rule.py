@@ -25,10 +25,11 @@ STATE = ("B", "H", "K", "V")
 GATE_KINDS = {"head": HEAD, "key": KEY, "value": VALUE}
 
 
-def _rule_options(q, z, g, scale, initial_state, acc):
-  """(g [B, T, H, K], scale, initial state) in the accumulation dtype, defaults filled in."""
+def _rule_options(q, z, g, scale, initial_state, acc, per_head=False):
+  """(g, scale, initial state) in the accumulation dtype, defaults filled in. g [B, T, H] (one decay per head) is
+  broadcast to [B, T, H, K] unless per_head (impl="pallas", whose kernels read it as it is)."""
   B, T, H, K = q.shape
-  if g.ndim == 3:
+  if g.ndim == 3 and not per_head:
     g = jnp.broadcast_to(g[..., None], (B, T, H, K))
   scale = K**-0.5 if scale is None else scale
   state = jnp.zeros((B, H, K, z.shape[-1]), acc) if initial_state is None else initial_state
@@ -82,11 +83,9 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
       (q, u, e, z), g, starts = mask_inputs(segment_ids, (q, u, e, z), g)
   acc = jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   io_dtype = z.dtype if io_dtype is None else io_dtype
-  scalar_decay = g.ndim == 3
-  g, scale, state = _rule_options(q, z, g, scale, initial_state, acc)
+  g, scale, state = _rule_options(q, z, g, scale, initial_state, acc, per_head=impl == "pallas")
   if impl == "pallas":
-    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, scalar_decay,
-                                       starts, keep)
+    o, final_state = delta_rule_pallas(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, starts, keep)
     return o.astype(acc), final_state.astype(acc)
   q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   if impl == "scan":
@@ -133,10 +132,9 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   if impl == "pallas":
     kinds = ("key", "value") + tuple(kind for _, kind in list(gates.values())[1:])
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
-    scalar_decay = g.ndim == 3
-    g, scale, state = _rule_options(q, v, g, scale, initial_state, acc)
+    g, scale, state = _rule_options(q, v, g, scale, initial_state, acc, per_head=True)
     o, final_state = delta_rule_pallas(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
-                                       chunk_size, v.dtype, scalar_decay, starts, keep, real)
+                                       chunk_size, v.dtype, starts, keep, real)
     return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
   acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
   q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)

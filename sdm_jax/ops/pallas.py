@@ -72,13 +72,13 @@ def interpret():
 
 class Residuals(NamedTuple):
   """What the custom_vjp saves for `_bwd`. q, u, e [B, Tp, H, Kp], z [B, Tp, H, Vp] in the io dtype and G
-  [B, Tp, H, Kp] fp32, padded to whole chunks and kernel widths; chunks: `intra_chunk`'s `ChunkTensors` with A;
-  initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes; op_inputs: the op's (q, k, v, gates),
-  which the backward differentiates the forming of q, u, e, z at (set by `_fwd`); documents: None, or for packed
-  documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask their decays with; keep: None, or
-  [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg elsewhere); real: None, or [B, Tp]
-  int32, nonzero but on padding, where q and k were zeroed (set by `_fwd`; the backward's forming zeroes them
-  again, so that they get zero gradient there)."""
+  [B, Tp, H, Kp] fp32 ([B, Tp, H] with one decay per head), padded to whole chunks and kernel widths; chunks:
+  `intra_chunk`'s `ChunkTensors` with A; initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes;
+  op_inputs: the op's (q, k, v, gates), which the backward differentiates the forming of q, u, e, z at (set by
+  `_fwd`); documents: None, or for packed documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask
+  their decays with; keep: None, or [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg
+  elsewhere); real: None, or [B, Tp] int32, nonzero but on padding, where q and k were zeroed (set by `_fwd`; the
+  backward's forming zeroes them again, so that they get zero gradient there)."""
   q: jax.Array
   u: jax.Array
   e: jax.Array
@@ -95,20 +95,21 @@ class Residuals(NamedTuple):
   real: Optional[jax.Array] = None
 
 
-def _forward(form, io_dtype, scalar_decay, q, arrays, g, state, documents, keep, real, scale, chunk_size, save):
+def _forward(form, io_dtype, q, arrays, g, state, documents, keep, real, scale, chunk_size, save):
   """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
-  op_inputs (then the arrays must be the formed (u, z, e)). documents, keep, real: None or [B, Tp] int32 (real:
-  the kernels zero q and k on padding)."""
+  op_inputs (then the arrays must be the formed (u, z, e)). g: [B, T, H, K], or [B, T, H] with one decay per head,
+  which every kernel then reads as such. documents, keep, real: None or [B, Tp] int32 (real: the kernels zero q
+  and k on padding)."""
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
   width = {"key": Kp, "value": Vp, "head": None}
-  q, g = _pad(q, Tp, Kp), _pad(g, Tp, Kp)
+  q, g = _pad(q, Tp, Kp), _pad(g, Tp, Kp if g.ndim == 4 else None)
   arrays = tuple(_pad(x, Tp, width[kind]) for x, kind in zip(arrays, form.kinds))
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, keep=keep, **kw)
-  chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scalar_decay=scalar_decay,
-                       scale=scale, documents=documents, real=real, **kw)
+  chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scale=scale,
+                       documents=documents, real=real, **kw)
   state = _pad_state(state, Kp, Vp)
   o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
@@ -127,13 +128,12 @@ def _masked_qk(real, q, k):
   return tuple(jnp.where(by_token, x, jnp.zeros((), x.dtype)) for x in (q, k))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _delta_rule_pallas(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep,
-                       real):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _delta_rule_pallas(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come, and zero q and k
   # on padding themselves.
-  return _forward(form, io_dtype, scalar_decay, q, (k, v, *gates), g, state, documents, keep, real, scale,
-                  chunk_size, save=False)[0]
+  return _forward(form, io_dtype, q, (k, v, *gates), g, state, documents, keep, real, scale, chunk_size,
+                  save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -144,11 +144,11 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scalar_decay, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
+def _fwd(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
   # For gradients q and k are zeroed on padding by XLA, before the launch that forms q, u, e, z.
   q_, u, e, z = _written_inputs(form, io_dtype, *_masked_qk(real, q, k), v, gates)
-  out, residuals = _forward(FORMED, io_dtype, scalar_decay, q_, (u, z, e), g, state, documents, keep, None, scale,
-                            chunk_size, save=True)
+  out, residuals = _forward(FORMED, io_dtype, q_, (u, z, e), g, state, documents, keep, None, scale, chunk_size,
+                            save=True)
   return out, residuals._replace(op_inputs=(q, k, v, gates), real=real)
 
 
@@ -156,8 +156,7 @@ def _reference(form, io_dtype, q, k, v, gates):
   return reference_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates)
 
 
-def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents):
-  del scalar_decay  # the backward kernels take the decay per channel
+def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
   res = residuals
   T, K, V = res.T, res.K, res.V
   d_o, d_final = cotangents
@@ -175,25 +174,30 @@ def _bwd(form, io_dtype, scalar_decay, scale, chunk_size, residuals, cotangents)
   _, vjp = jax.vjp(lambda q, k, v, gates: _reference(form, io_dtype, *_masked_qk(res.real, q, k), v, gates),
                    *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
-  dg = key(dg) if res.keep is None else jnp.where(res.keep[:, :T, None, None] != 0, key(dg), 0.0)
+  # dg [B, T, H, K], or [B, T, H] with one decay per head.
+  dg = key(dg) if dg.ndim == 4 else dg[:, :T]
+  if res.keep is not None:
+    keep = res.keep[:, :T, None] != 0
+    dg = jnp.where(keep[..., None] if dg.ndim == 4 else keep, dg, 0.0)
   return (*d_inputs, dg, d_state[:, :, :K, :V], None, None, None)
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
-def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, scalar_decay=False,
-                      starts=None, keep=None, real=None):
+def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, starts=None, keep=None,
+                      real=None):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
-  g [B, T, H, K] and the state travel in fp32; scalar_decay: g is one decay per head broadcast over K (GDN), which
-  the forward's grams use. starts: None or [B, T] bool, where packed documents start: then the per-chunk kernels
-  read `segments.chunk_documents` and mask every decay that spans a start (without it they are the unpacked
-  kernels, unchanged). keep: None or [B, T] bool, where g counts (`segments.kernel_masks`): the cumsum kernel
-  zeroes g elsewhere and the backward dg, instead of a pass over g before the kernels. real: None or [B, T] bool
-  (with starts), false on padding: there q and k are zeroed (by the forward kernels without gradients, by XLA
-  before the forming launch for them), for mixers whose u and e vanish with k (`Mixer.writes_vanish_with_k`).
+  g [B, T, H, K], or [B, T, H] with one decay per head (GDN), which every kernel, forward and backward, then reads as
+  one number per row (its gradient comes back [B, T, H]); g and the state travel in fp32. starts: None or [B, T]
+  bool, where packed documents start: then the per-chunk kernels read `segments.chunk_documents` and mask every
+  decay that spans a start (without it they are the unpacked kernels, unchanged). keep: None or [B, T] bool, where g
+  counts (`segments.kernel_masks`): the cumsum kernel zeroes g elsewhere and the backward dg, instead of a pass over g
+  before the kernels. real: None or [B, T] bool (with starts), false on padding: there q and k are zeroed (by the
+  forward kernels without gradients, by XLA before the forming launch for them), for mixers whose u and e vanish with
+  k (`Mixer.writes_vanish_with_k`).
   Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
@@ -205,5 +209,5 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   if real is not None and starts is None:
     raise ValueError("real: only with starts (packed documents)")
   real = None if real is None else pad(real).astype(jnp.int32)
-  return _delta_rule_pallas(form, jnp.dtype(io_dtype), bool(scalar_decay), scale, chunk_size, q, k, v, tuple(gates),
-                            g.astype(jnp.float32), initial_state.astype(jnp.float32), documents, keep, real)
+  return _delta_rule_pallas(form, jnp.dtype(io_dtype), scale, chunk_size, q, k, v, tuple(gates), g.astype(jnp.float32),
+                            initial_state.astype(jnp.float32), documents, keep, real)

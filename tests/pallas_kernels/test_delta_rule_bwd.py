@@ -1,34 +1,40 @@
 """The Pallas backward kernels and the forward's saving variants: a 'cuda' lowering check for an
-abstract NVIDIA H200, also with packed documents (interpret-mode numerics of the backward are in tests/ops, through
-impl="pallas", packed ones in tests/ops/test_packed.py)."""
+abstract NVIDIA H200, also with packed documents and with one decay per head (interpret-mode numerics of the backward
+are in tests/ops, through impl="pallas", packed ones in tests/ops/test_packed.py; here the one-decay kernels against
+the per-channel ones)."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import ChunkTensors, StatePassSettings, chunk_cumsum, intra_chunk, state_pass
+from sdm_jax.ops.segments import chunk_documents
 
 from lowering import TRITON_CALL, lower_for_h200
 
 
+@pytest.mark.parametrize("decay", ["channel", "head"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
-def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size):
+def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size, decay):
+  """decay "head": G [B, T, H] and exp(G_C) [B, N, H], one decay per head (GDN)."""
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   N = T // chunk_size
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   f32 = jnp.float32
+  per = (K,) if decay == "channel" else ()
   key, value, chunk = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, chunk_size)
-  chunks = ChunkTensors(Y=key, U=value, Aqk=chunk, q_decayed=key, u_decayed=key, decay_last=spec(B, N, H, K, d=f32))
+  chunks = ChunkTensors(Y=key, U=value, Aqk=chunk, q_decayed=key, u_decayed=key, decay_last=spec(B, N, H, *per, d=f32))
   kw = dict(chunk_size=chunk_size)
   kernels = [  # (function, arguments, its Triton launches)
       (lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **kw),
-       (key, key, key, value, spec(B, T, H, K, d=f32)), 2),
+       (key, key, key, value, spec(B, T, H, *per, d=f32)), 2),
       (lambda *a: state_pass(*a, save_states=True, **kw), (chunks, spec(B, H, K, V, d=f32)), 1),
       (lambda *a: state_pass_bwd(*a, **kw), (chunks, value, spec(B, H, K, V, d=f32)), 1),
       (lambda *a: intra_chunk_bwd(*a, scale=0.1, **kw),
-       (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
+       (key, key, key, value, spec(B, T, H, *per, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
         spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32)), 2),
   ]
   for fn, args, launches in kernels:
@@ -44,15 +50,53 @@ def test_packed_kernels_lower_for_cuda(dtype, scalar_decay):
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   f32 = jnp.float32
   key, value, documents = spec(B, T, H, K), spec(B, T, H, V), spec(B, T, d=jnp.int32)
+  decays = spec(B, T, H, d=f32) if scalar_decay else spec(B, T, H, K, d=f32)  # G, and g for the cumsum
   forward = lambda q, u, e, z, G, d: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, chunk_size=C,
-                                                 scalar_decay=scalar_decay, documents=d)
-  assert lower_for_h200(forward, key, key, key, value, spec(B, T, H, K, d=f32), documents).count(TRITON_CALL) == 2
+                                                 documents=d)
+  assert lower_for_h200(forward, key, key, key, value, decays, documents).count(TRITON_CALL) == 2
   backward = lambda *a: intra_chunk_bwd(*a[:-1], scale=0.1, chunk_size=C, documents=a[-1])
-  args = (key, key, key, value, spec(B, T, H, K, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, C, d=f32),
+  args = (key, key, key, value, decays, spec(B, T, H, V, d=f32), spec(B, T, H, C, d=f32),
           spec(B, H, N, K, V, d=f32), spec(B, H, N, K, V, d=f32), value, spec(B, T, H, V, d=f32), documents)
   assert lower_for_h200(backward, *args).count(TRITON_CALL) == 2
   cumsum = lambda g, keep: chunk_cumsum(g, C, keep=keep)  # the decay's keep mask, the same [B, T] int32 input
-  assert lower_for_h200(cumsum, spec(B, T, H, K, d=f32), documents).count(TRITON_CALL) == 1
+  assert lower_for_h200(cumsum, decays, documents).count(TRITON_CALL) == 1
+
+
+@pytest.mark.parametrize("decay,chunk_size,packed", [(0.05, 32, False), (30.0, 16, False), (1.0, 16, True)])
+def test_one_decay_per_head_backward_matches_the_per_channel_kernels(decay, chunk_size, packed):
+  """The backward kernels on G [B, T, H] (GDN: one decay per head, also in exp(G_C) [B, N, H]) give what the
+  per-channel kernels give with that decay broadcast over K, dg summed over K; also with g down to -30 per step
+  and with packed documents (interpret mode, fp32)."""
+  B, H, K, V, C = 1, 2, 32, 16, chunk_size
+  T = 3 * C
+  rng = np.random.default_rng(int(decay * 100) + C)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  q, u, z = normal(B, T, H, K), normal(B, T, H, K) / np.sqrt(K), normal(B, T, H, V)
+  e = u * jnp.asarray(rng.uniform(size=(B, T, H, 1)), jnp.float32)
+  g = jnp.asarray(-decay * rng.uniform(0.5, 1.5, size=(B, T, H)), jnp.float32)
+  h0, d_final, d_o = normal(B, H, K, V), normal(B, H, K, V), normal(B, T, H, V)
+  documents = None
+  if packed:  # starts inside the first and third chunks
+    starts = jnp.zeros((B, T), bool).at[:, [5, 2 * C + 3]].set(True)
+    documents = chunk_documents(starts, C)
+  kw = dict(chunk_size=C, interpret=True)
+
+  def backward(G):
+    chunks = intra_chunk(q, (u, z, e), G, scale=K**-0.5, save_inverse=True, documents=documents, **kw)
+    _, _, states, r = state_pass(chunks, h0, save_states=True, **kw)
+    d_r, d_h0, d_states = state_pass_bwd(chunks, d_o, d_final, **kw)
+    grads = intra_chunk_bwd(q, u, e, z, G, r, chunks.A, states, d_states, d_o, d_r, scale=K**-0.5,
+                            documents=documents, **kw)
+    return dict(zip(("d_r", "d_h0", "d_states", "dq", "du", "de", "dz", "dg"), (d_r, d_h0, d_states, *grads)))
+
+  per_head = backward(chunk_cumsum(g, C, True))
+  channels = backward(chunk_cumsum(jnp.broadcast_to(g[..., None], q.shape), C, True))
+  assert per_head["dg"].shape == (B, T, H)
+  channels["dg"] = jnp.sum(channels["dg"], axis=-1)
+  for name, want in channels.items():
+    got, want = np.asarray(per_head[name], np.float64), np.asarray(want, np.float64)
+    assert np.all(np.isfinite(got)), name
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), name
 
 
 H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.delta_rule_fwd import chunk_cumsum, delta_rule_fwd, intra_chunk
+from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, delta_rule_fwd, intra_chunk, state_pass
 from sdm_jax.ops import l2norm
 from sdm_jax.ops.scan import delta_rule_scan
 
@@ -73,32 +73,52 @@ def test_chunk_cumsum_restarts_every_chunk():
   kept = np.where(keep[:, :, None, None] != 0, g, 0.0)
   ref = np.cumsum(kept.reshape(2, 3, 16, 3, 16).astype(np.float64), axis=2).reshape(g.shape)
   np.testing.assert_allclose(G, ref, rtol=1e-6, atol=1e-5)
+  # One decay per head: g [B, T, H] gives G [B, T, H], the per-channel G of any one channel.
+  for keep_mask in (None, jnp.asarray(keep)):
+    channels = np.asarray(chunk_cumsum(jnp.asarray(g), 16, interpret=True, keep=keep_mask))
+    per_head = np.asarray(chunk_cumsum(jnp.asarray(g[..., 3]), 16, interpret=True, keep=keep_mask))
+    assert per_head.shape == g.shape[:3]
+    np.testing.assert_array_equal(per_head, channels[..., 3])
 
 
 @pytest.mark.parametrize("decay,gate,chunk_size", [(0.05, "rand", 32), (30.0, "rand", 16), (1.0, "zero", 64)])
-def test_scalar_decay_grams_match_the_per_channel_ones(decay, gate, chunk_size):
-  """gram_solve's scalar-decay path (GDN: one g per head, broadcast over K) gives the per-channel path's A, Aqk
-  and the rest, also with g down to -30 per step."""
+def test_scalar_decay_kernels_match_the_per_channel_ones(decay, gate, chunk_size):
+  """The forward with one decay per head (GDN: g and G [B, T, H]) gives what the per-channel kernels give with
+  that decay broadcast over K: every chunk tensor (exp(G_C) once per head), then o and the final state, also with
+  g down to -30 per step."""
   B, H, K, V, C = 1, 2, 32, 16, chunk_size
   T = 2 * C
-  q, u, e, z, g, _ = _inputs(5, B, T, H, K, V, decay, gate)
-  g = np.broadcast_to(g[..., :1], g.shape)
+  q, u, e, z, g, h0 = _inputs(5, B, T, H, K, V, decay, gate)
   f32 = lambda x: jnp.asarray(x, jnp.float32)
-  q, u, e, z, G = f32(q), f32(u), f32(e), f32(z), chunk_cumsum(f32(g), C, True)
+  q, u, e, z, h0, g = f32(q), f32(u), f32(e), f32(z), f32(h0), f32(g[..., 0])
+  G = chunk_cumsum(g, C, True)
+  G_channels = chunk_cumsum(jnp.broadcast_to(g[..., None], q.shape), C, True)
   kw = dict(scale=K**-0.5, chunk_size=C, save_inverse=True, interpret=True)
-  scalar = intra_chunk(q, (u, z, e), G, scalar_decay=True, **kw)
-  channels = intra_chunk(q, (u, z, e), G, **kw)
-  for name in scalar._fields:
-    a, b = np.asarray(getattr(scalar, name)), np.asarray(getattr(channels, name))
+  scalar, channels = intra_chunk(q, (u, z, e), G, **kw), intra_chunk(q, (u, z, e), G_channels, **kw)
+  assert scalar.decay_last.shape == (B, T // C, H)
+  scalar = scalar._replace(decay_last=jnp.broadcast_to(scalar.decay_last[..., None], channels.decay_last.shape))
+  pass_kw = dict(chunk_size=C, save_states=True, interpret=True)
+  names = ChunkTensors._fields + ("o", "final_state", "states", "R")
+  for name, a, b in zip(names, (*scalar, *state_pass(scalar, h0, **pass_kw)),
+                        (*channels, *state_pass(channels, h0, **pass_kw))):
+    a, b = np.asarray(a), np.asarray(b)
     assert np.all(np.isfinite(a)), name
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * max(np.max(np.abs(b)), 1e-30), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_scalar_decay_lowers_for_cuda(dtype):
-  B, T, H, K, V = 1, 64, 2, 128, 64
+  """The cumsum, both per-chunk launches and the state pass with one decay per head (G [B, T, H], exp(G_C)
+  [B, N, H])."""
+  B, T, H, K, V, C = 1, 64, 2, 128, 64, 32
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
-  args = (spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, K, d=jnp.float32))
-  text = lower_for_h200(lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, scale=0.1, chunk_size=32,
-                                                          scalar_decay=True), *args)
+  f32 = jnp.float32
+  key, value = spec(B, T, H, K), spec(B, T, H, V)
+  assert lower_for_h200(lambda g: chunk_cumsum(g, C), spec(B, T, H, d=f32)).count(TRITON_CALL) == 1
+  text = lower_for_h200(lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, scale=0.1, chunk_size=C), key, key, key,
+                        value, spec(B, T, H, d=f32))
   assert text.count(TRITON_CALL) == 2
+  chunks = ChunkTensors(Y=key, U=value, Aqk=spec(B, T, H, C), q_decayed=key, u_decayed=key,
+                        decay_last=spec(B, T // C, H, d=f32))
+  text = lower_for_h200(lambda *a: state_pass(*a, chunk_size=C, save_states=True), chunks, spec(B, H, K, V, d=f32))
+  assert text.count(TRITON_CALL) == 1
