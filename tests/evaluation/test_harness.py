@@ -185,3 +185,13 @@ def test_a_run_without_text_is_refused():
     harness.run_codec(mqar_config("demo").data)
   _, decode, eot_id = harness.run_codec({"name": "text"})
   assert eot_id == 0 and decode([104, 105]) == "hi"
+
+
+def test_the_command_refuses_a_missing_task_file_in_one_line(run):
+  root = run[0]
+  out = subprocess.run([sys.executable, "-m", "experiments.lm_eval", f"--workdir={root / 'run'}",
+                        "--tasks=no_such_task.yaml"], cwd=root, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                                                    "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2
+  assert out.stderr == "error: --tasks: 'no_such_task.yaml' is not a file; expected a task YAML file or a task name\n"
