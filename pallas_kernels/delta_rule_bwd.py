@@ -214,7 +214,7 @@ def _scalar_pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_
   p_t = dt_ref[...] * D
   p_qk = jnp.where(causal, dAqk_ref[...] * D, 0.0)
 
-  def key_block_grads(i, grams):
+  def key_block_grads(i, pair_terms):
     keys = pl.ds(i * kb, kb)
     q = columns(q_ref, i, kb) * scale
     u, e = columns(u_ref, i, kb), columns(e_ref, i, kb)
@@ -222,11 +222,10 @@ def _scalar_pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_
     du_ref[:, keys] = (cm.dot(p_t.T, e, io) + cm.dot(p_qk.T, q, io) + parts_ref[2, :, keys]).astype(du_ref.dtype)
     de_ref[:, keys] = (cm.dot(p_t, u, io) + parts_ref[0, :, keys]).astype(de_ref.dtype)
     u_t = u.T
-    return grams[0] + cm.dot(e, u_t, io), grams[1] + cm.dot(q, u_t, io)
+    return pair_terms + p_t * cm.dot(e, u_t, io) + p_qk * cm.dot(q, u_t, io)
 
-  square = jnp.zeros((C, C), jnp.float32)
-  e_u, q_u = jax.lax.fori_loop(0, K // kb, key_block_grads, (square, square))
-  pair_terms = p_t * e_u + jnp.where(rows > cols, p_qk * q_u, 0.0)
+  # pair_terms[r, c] = dT[r, c] T[r, c] + dAqk[r, c] Aqk[r, c]; its diagonal spans no g and is never summed.
+  pair_terms = jax.lax.fori_loop(0, K // kb, key_block_grads, jnp.zeros((C, C), jnp.float32))
   spans = cm.dot(cm.lower_ones(C, False).T, pair_terms, near)  # [t, c]: the pairs (r >= t, c)
   dg_ref[...] += jnp.sum(jnp.where(cols < rows, spans, 0.0), axis=1)
 
