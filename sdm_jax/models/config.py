@@ -6,11 +6,12 @@ from sdm_jax import ops
 from sdm_jax.layers.delta import layer_config
 
 MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
-# (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN
-# 3 : 1 full attention, and 3 sliding-window attention : 1 Sparse Delta Memory.
+# (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN 3 : 1 Multi-head Latent
+# Attention (the FG2-GDN paper's hybrid, as Kimi Linear's; pattern "DDDA" gives it full attention instead), and
+# 3 sliding-window attention : 1 Sparse Delta Memory.
 HYBRIDS = {
     "gdn2_swa": ("gdn2", "DS", 2),
-    "fg2_attn": ("fg2_gdn", "DDDA", 4),
+    "fg2_attn": ("fg2_gdn", "DDDL", 4),
     "sdm": ("gdn2", "SSSM", 4),
 }
 VARIANTS = MIXERS + tuple(HYBRIDS)
@@ -47,12 +48,23 @@ def delta_layer(config):
   return layer_config(config.mixer, preset, **changes)
 
 
+def mla_fields(head_dim):
+  """Multi-head Latent Attention's nested config (`layers.MultiHeadLatentAttention`) for heads of head_dim, in
+  Kimi Linear's and DeepSeek-V2's proportions (a latent of 4 heads' width, 512 at heads of 128; a decoupled RoPE key
+  of half a head; no low-rank query) and Kimi Linear's NoPE (rope_base None: the rope key carries no position)."""
+  return ml_collections.ConfigDict({
+      "kv_lora_rank": 4 * head_dim, "q_lora_rank": ml_collections.FieldReference(None, field_type=int),
+      "qk_nope_head_dim": head_dim, "qk_rope_head_dim": head_dim // 2, "v_head_dim": head_dim,
+      "rope_base": ml_collections.FieldReference(None, field_type=float)})
+
+
 def default_config():
   """A ConfigDict with every field `LanguageModel` reads.
 
   head_dim / value_dim are per head (d_k, d_v); attention layers use head_dim for q, k and v.
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
-  "A" full attention, "M" Sparse Delta Memory; the pattern is repeated or truncated to num_layers.
+  "A" full attention, "M" Sparse Delta Memory, "L" Multi-head Latent Attention (`mla`); the pattern is repeated or
+  truncated to num_layers (`layer_kinds.LAYERS`).
   impl / chunk_size select how the dense mixers run (chunk_size None: the impl's rule), sdm_impl / sdm_chunk_size
   how the SDM runs ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row
   work, chunk_size 16-64); none of them changes the parameters.
@@ -82,6 +94,7 @@ def default_config():
   c.chunk_size = ml_collections.FieldReference(None, field_type=int)
   c.delta = delta_layer_fields()
   c.window = 64
+  c.mla = mla_fields(c.head_dim)
   c.mlp_ratio = 4.0
   c.mlp_hidden = ml_collections.FieldReference(None, field_type=int)
   c.norm_eps = 1e-6
@@ -113,6 +126,7 @@ def variant_config(variant, vocab_size, *, num_layers=2, width=128, num_heads=2,
   model.vocab_size = vocab_size
   model.num_layers, model.width, model.num_heads = num_layers, width, num_heads
   model.head_dim = model.value_dim = head_dim
+  model.mla = mla_fields(head_dim)
   model.impl = model.sdm_impl = "auto"
   if variant in MIXERS:
     model.mixer, model.pattern = variant, "D"

@@ -35,27 +35,11 @@ def state_per_layer(model_config, seq_len):
 
 def mixer_flops_per_token(model_config, seq_len):
   """The token mixers' own FLOPs per token, forward + backward (3x forward), over all layers: what
-  6 x parameters leaves out. A delta-rule layer's state work is 6 K V per head (read q S, predict k S,
-  write k z^T) plus its chunk's grams 2 C (K + V) at the chunk size C the op runs; attention's scores and values
-  4 D x the keys a token sees (half the sequence when causal, the window when shorter); SDM's rows
-  2 V (3 W + R) and its sub-key scores 4 sqrt(N) key_dim per head."""
+  6 x parameters leaves out; each layer kind's own count is its `layer_kinds.LayerKind.flops`."""
+  from sdm_jax.models.layer_kinds import LAYERS
   from sdm_jax.models.lm import layer_letters
-  from sdm_jax.ops.delta_rule import chunk_size_of
-  from sdm_jax.ops.validation import resolve_impl
-  c = model_config
-  total = 0.0
-  for letter in layer_letters(c.pattern, c.num_layers):
-    if letter == "D":
-      C = chunk_size_of(resolve_impl(c.impl), c.chunk_size, seq_len)
-      forward = c.num_heads * (6 * c.head_dim * c.value_dim + 2 * C * (c.head_dim + c.value_dim))
-    elif letter in "SA":
-      seen = seq_len / 2 if letter == "A" else min(c.window, seq_len / 2)
-      forward = c.num_heads * 4 * c.head_dim * seen
-    else:
-      forward = c.sdm_heads * (2 * c.sdm_value_dim * (3 * c.sdm_topk_write + c.sdm_topk_read)
-                               + 4 * math.isqrt(c.sdm_num_slots) * c.sdm_key_dim * 2)
-    total += 3 * forward
-  return total
+  return sum(3 * LAYERS[letter].flops(model_config, seq_len)
+             for letter in layer_letters(model_config.pattern, model_config.num_layers))
 
 
 def param_counts(model_config):

@@ -5,14 +5,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.layers import Attention, Block, DeltaMixer, RMSNorm, SparseDeltaMemory
+from sdm_jax.layers import Block, RMSNorm
 from sdm_jax.layers.init import normal
-from sdm_jax.models.config import delta_layer
+from sdm_jax.models.layer_kinds import LAYERS
 from sdm_jax.models.generate import generate
 from sdm_jax.ops.product_key import SLOTS_NAME
 from sdm_jax.ops.segments import document_positions
 
-LETTERS = {"D": "dense delta mixer", "S": "sliding-window attention", "A": "full attention", "M": "Sparse Delta Memory"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # How the embedding, the MLPs and an own head start (config.init): "fla" as fla's models (`_init_weights`,
 # initializer_range 0.02), "lecun" flax's defaults.
@@ -47,8 +46,9 @@ REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveabl
 
 def layer_letters(pattern, num_layers):
   """The pattern repeated or truncated to num_layers letters, e.g. ("DDDA", 6) -> "DDDADD"."""
-  if not pattern or set(pattern) - set(LETTERS):
-    raise ValueError(f"pattern: expected a non-empty string of {sorted(LETTERS)} ({LETTERS}), got {pattern!r}")
+  if not pattern or set(pattern) - set(LAYERS):
+    kinds = {letter: kind.doc for letter, kind in LAYERS.items()}
+    raise ValueError(f"pattern: expected a non-empty string of {sorted(LAYERS)} ({kinds}), got {pattern!r}")
   return (pattern * -(-num_layers // len(pattern)))[:num_layers]
 
 
@@ -58,19 +58,8 @@ def mlp_hidden(config):
 
 
 def make_mixer(letter, config, *, dtype, rngs):
-  c = config
-  if letter == "D":
-    return DeltaMixer(c.width, mixer=c.mixer, num_heads=c.num_heads, head_dim=c.head_dim, value_dim=c.value_dim,
-                      layer=delta_layer(c), impl=c.impl, chunk_size=c.get("chunk_size"), dtype=dtype, rngs=rngs)
-  if letter in "SA":
-    return Attention(c.width, num_heads=c.num_heads, head_dim=c.head_dim, window=c.window if letter == "S" else None,
-                     dtype=dtype, rngs=rngs)
-  return SparseDeltaMemory(c.width, num_heads=c.sdm_heads, num_slots=c.sdm_num_slots, topk_write=c.sdm_topk_write,
-                           topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim, impl=c.sdm_impl,
-                           chunk_size=c.sdm_chunk_size, rows_dtype=c.get("sdm_rows_dtype", "float32"),
-                           rows_segments=c.get("sdm_rows_segments", 1), table_dtype=c.get("sdm_table_dtype", "float32"),
-                           table_grad_dtype=c.get("sdm_table_grad_dtype", "float32"),
-                           address_impl=c.get("sdm_address_impl", "xla"), dtype=dtype, rngs=rngs)
+  """The token mixer of pattern letter `letter` (`layer_kinds.LAYERS`)."""
+  return LAYERS[letter].build(config, dtype, rngs)
 
 
 class TiedHead(nnx.Module):

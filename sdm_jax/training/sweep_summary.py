@@ -37,12 +37,12 @@ def t_interval(values, confidence=CONFIDENCE):
 
 
 def mixer_label(model):
-  """What a model mixes tokens with, for legends: the dense mixer's name, 'attention', 'swa', 'sdm', or the
-  letters of a hybrid joined by '+' ('swa+sdm' for SSSM)."""
+  """What a model mixes tokens with, for legends: each layer kind's label (`layer_kinds.LAYERS`; the dense mixer's
+  name for "D"), a hybrid's joined by '+' ('swa+sdm' for SSSM)."""
+  from sdm_jax.models.layer_kinds import LAYERS
   from sdm_jax.models.lm import layer_letters
-  names = {"D": model["mixer"], "S": "swa", "A": "attention", "M": "sdm"}
   letters = layer_letters(model["pattern"], model["num_layers"])
-  return "+".join(dict.fromkeys(names[letter] for letter in letters))
+  return "+".join(dict.fromkeys(LAYERS[letter].label or model["mixer"] for letter in letters))
 
 
 def model_numbers(config):
@@ -57,8 +57,9 @@ def find_runs(workdirs):
   for workdir in workdirs:
     workdir = pathlib.Path(workdir)
     if not workdir.is_dir():
-      raise ValueError(f"workdirs: {str(workdir)!r} is not a directory")
-    runs += sorted(path.parent for path in workdir.rglob(sweep.POINT))
+      raise ValueError(f"workdirs: {str(workdir)!r} is not a directory; expected a sweep's workdir or an earlier "
+                       f"summary's .json")
+    runs += sorted(path.parent for path in workdir.absolute().rglob(sweep.POINT))
   return runs
 
 
@@ -320,15 +321,20 @@ def summarize(workdirs, out, log=print):
   points = aggregate(rows)
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  payload = {"workdirs": [str(w) for w in workdirs], "confidence": CONFIDENCE, "points": points, "runs": rows}
+  payload = {"workdirs": [str(pathlib.Path(w).absolute()) for w in workdirs], "confidence": CONFIDENCE,
+             "points": points, "runs": rows}
   out.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=sweep._jsonable) + "\n")
   table = format_table(points)
   out.with_suffix(".md").write_text(table + "\n")
   written = [out.with_suffix(".json"), out.with_suffix(".md")]
-  for where, field in plot_axes(points):
+  axes = plot_axes(points)
+  for where, field in axes:
     path = out.with_name(f"{out.name}_{field.split('.')[-1]}.png")
     plot(points, path, where, field)
     written.append(path)
   log(table)
   log("wrote " + ", ".join(map(str, written)))
+  if not axes:
+    log("no plot: a plot needs a numeric grid or evaluation field with two or more values, or a mixer at two or more "
+        "state sizes; here the points differ only in names (variants, mixers), so the table is the summary")
   return points
