@@ -9,8 +9,13 @@ Both use our layout ([B, T, H, K] for q, k, g, b; [B, T, H, V] for v, w; beta [B
 as the natural-log decay (with use_gate_in_kernel=False, the default), scale K**-0.5 by default
 and an fp32 initial state, so our inputs go over unchanged; use_qk_l2norm_in_kernel=True matches
 use_qk_l2norm=True. fla's chunk_gated_delta_rule is left out (DESIGN.md section 7).
+
+Both take safe_gate=True with lower_bound (fla's recommended -5): a lower bound on the per-step log decay that lets
+their intra-chunk products run on tensor cores. fla requires g >= lower_bound of the caller; the op benchmark clips
+every input set's g there, for ours and the peer's alike (`lower_bound`), so both compute the same.
 """
 
+import functools
 import importlib
 
 import numpy as np
@@ -18,6 +23,26 @@ import numpy as np
 from sdm_jax.benchmarking.timing import back_to_back_ms, kernel_summary, median_ms
 
 PEER_OPS = {"kda": ("fla.ops.kda", "chunk_kda"), "gdn2": ("fla.ops.gdn2", "chunk_gdn2")}
+# The peer's modes, each its op's keyword arguments: "plain" as the op comes; "safe_gate" the bounded-decay mode.
+PEER_MODES = {"plain": {}, "safe_gate": {"safe_gate": True, "lower_bound": -5.0}}
+
+
+def check_modes(modes):
+  """ValueError naming peer_modes unless `modes` are some of PEER_MODES."""
+  unknown = [m for m in modes if m not in PEER_MODES]
+  if unknown or not modes:
+    raise ValueError(f"peer_modes: expected some of {tuple(PEER_MODES)}, got {list(modes)}")
+
+
+def lower_bound(modes):
+  """The lowest log decay every mode in `modes` accepts (the largest of their lower bounds), or None."""
+  bounds = [PEER_MODES[m]["lower_bound"] for m in modes if "lower_bound" in PEER_MODES[m]]
+  return max(bounds) if bounds else None
+
+
+def peer_name(mode):
+  """The impl name of the peer's records in `mode`: "fla", or "fla <mode>"."""
+  return "fla" if mode == "plain" else f"fla {mode}"
 
 
 def unavailable():
@@ -31,8 +56,10 @@ def unavailable():
   return None
 
 
-def load_peer(mixer):
-  """Returns (op, description), or (None, why there is no peer for `mixer` here)."""
+def load_peer(mixer, mode="plain"):
+  """Returns (op, description), op in `mode` (PEER_MODES: its keyword arguments bound), or (None, why there is no
+  peer for `mixer` here)."""
+  check_modes([mode])
   if mixer not in PEER_OPS:
     return None, f"no fla peer for {mixer}"
   reason = unavailable()
@@ -47,7 +74,8 @@ def load_peer(mixer):
   except Exception as error:  # an old or broken fla fails in many ways; report it and go on
     return None, f"cannot import {module_name}.{name}: {type(error).__name__}: {error}"
   versions = f"fla {getattr(fla, '__version__', '?')}, torch {torch.__version__}, triton {triton.__version__}"
-  return op, f"{module_name}.{name} ({versions})"
+  options = "".join(f", {key}={value}" for key, value in PEER_MODES[mode].items())
+  return functools.partial(op, **PEER_MODES[mode]), f"{module_name}.{name}({options.lstrip(', ')}) ({versions})"
 
 
 def _to_torch(x, requires_grad=False):

@@ -1,16 +1,20 @@
 """Throughput of the mixer ops over shapes (DESIGN.md section 7), with flash-linear-attention as the peer: the
 registry's `ops` mode.
 
-Each (mixer, impl, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
+Each (mixer, impl, chunk size, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
 sum(o * r) w.r.t. every input) with SPEC.md section 7's two timers, over calls that rotate between 3 input sets:
 the median of `reps` warm runs (on the GPU, device kernel time: `timing.median_ms`), and the host clock around
 `reps` back-to-back calls (`timing.back_to_back_ms`: dispatch and launch gaps included). A config that fails (OOM,
 an impl not built) is recorded with its error and the sweep goes on. With breakdown, one more warm run of each is
 listed kernel by kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage
-it competes with.
+it competes with. The peer runs in each of its modes asked for (`fla_peer.PEER_MODES`), and the ratios of ours are
+taken against its fastest. The sweep goes shape by shape, every mixer at each, so that a run cut off by a time
+limit has every mixer at the shapes it reached; with compile_threads > 1 the programs of one mixer and shape (each
+impl and chunk size, forward and forward+backward) are compiled at once before any is timed.
 """
 
 
+import concurrent.futures
 import dataclasses
 import json
 
@@ -22,6 +26,7 @@ from sdm_jax.benchmarking import fla_peer
 from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
+from sdm_jax.ops.validation import check_options, resolve_impl
 from sdm_jax.training.config import close_names
 
 INPUT_SETS = 3
@@ -46,6 +51,29 @@ def check_settings(settings):
     raise ValueError("impls: expected at least one impl")
   if not parse_shapes(",".join(settings.shapes)):
     raise ValueError("shapes: expected at least one B x T")
+  for chunk_size in settings.chunk_size:
+    check_options("chunk", chunk_size)
+  fla_peer.check_modes(settings.peer_modes)
+  if settings.compile_threads < 1:
+    raise ValueError(f"compile_threads: expected an integer >= 1, got {settings.compile_threads}")
+
+
+def chunk_sizes(setting):
+  """The chunk sizes of a run: the setting's, or (None,) for none, each impl's rule (`ops.delta_rule.chunk_size_of`)."""
+  return tuple(setting) or (None,)
+
+
+def _chunk_of(impl, chunk_size, T):
+  """The chunk size impl runs T tokens at (None for the scan, which has none). For an impl the op refuses (its
+  record holds the error), or in a --base tree older than the ops' chunk-size rule (which needs sizes given), the
+  size asked for."""
+  if impl == "scan":
+    return None
+  try:
+    from sdm_jax.ops.delta_rule import chunk_size_of
+    return chunk_size_of(resolve_impl(impl), chunk_size, T)
+  except (ImportError, ValueError):
+    return chunk_size
 
 
 def _record(mixer, impl, B, T, timings=None, error=None, **extra):
@@ -58,17 +86,37 @@ def _record(mixer, impl, B, T, timings=None, error=None, **extra):
   return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith(("compile", "kernels"))}}
 
 
-def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False):
-  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to
-  back), and with breakdown kernels_fwd and kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of
-  the first set)."""
+def compile_impl(fn, args, readout, impl, chunk_size):
+  """(forward, forward+backward, {compile_fwd_s, compile_fwd_bwd_s}): the op's programs compiled for args."""
   def forward(args):
     return fn(args, impl=impl, chunk_size=chunk_size)[0]
 
-  fwd, compile_fwd_s = compile_timed(forward, arg_sets[0])
-  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True),
-                                       arg_sets[0], readout, None)
-  timings = {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s,
+  fwd, compile_fwd_s = compile_timed(forward, args)
+  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True), args,
+                                       readout, None)
+  return fwd, step, {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s}
+
+
+def compile_all(fn, args, readout, programs, threads):
+  """{(impl, chunk_size): `compile_impl`'s result, or the exception it raised} for every program, `threads` of
+  them compiling at once (XLA compiles outside Python's lock)."""
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    futures = {program: pool.submit(compile_impl, fn, args, readout, *program) for program in programs}
+  compiled = {}
+  for program, future in futures.items():
+    try:
+      compiled[program] = future.result()
+    except Exception as error:
+      compiled[program] = error
+  return compiled
+
+
+def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False, compiled=None):
+  """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to
+  back), and with breakdown kernels_fwd and kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of
+  the first set). compiled: `compile_impl`'s result for these shapes (None: compiled here)."""
+  fwd, step, compile_s = compile_impl(fn, arg_sets[0], readout, impl, chunk_size) if compiled is None else compiled
+  timings = {**compile_s,
              "fwd_ms": median_ms(fwd, [(args,) for args in arg_sets], reps),
              "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps),
              "fwd_host_ms": back_to_back_ms(fwd, [(args,) for args in arg_sets], reps),
@@ -79,65 +127,97 @@ def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False):
   return timings, np.asarray(fwd(arg_sets[0]), np.float32)
 
 
-def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=64, reps=20, seed=0, peer=True, breakdown=False,
-              log=print, on_progress=None):
-  """Times every (mixer, impl, shape), and the fla peer where `peer` and it loads; with breakdown, also each
-  run's kernels (`time_impl`).
+def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=(None,), reps=20, seed=0, peer=True,
+              peer_modes=("plain",), compile_threads=1, breakdown=False, log=print, on_progress=None):
+  """Times every (mixer, impl, chunk size, shape), shape by shape, and the fla peer in each of `peer_modes` where
+  `peer` and it loads; with breakdown, also each run's kernels (`time_impl`).
 
-  Returns (records, peer_notes {mixer: description or why skipped}). Our records carry
-  `vs_peer_fwd` / `vs_peer_fwd_bwd` = peer ms / our ms (above 1: faster than the peer).
-  on_progress(records, peer_notes), if given, is called after every shape, so that a sweep cut off
-  by a time limit still leaves what it measured.
+  chunk_size: the chunk sizes to time, None for each impl's rule. Where a peer mode bounds the log decay from below
+  (`fla_peer.lower_bound`), every input set's g is clipped there, for ours and the peer's alike.
+  Returns (records, peer_notes {peer: description or why skipped}). Our records carry `chunk_size` (the size the
+  impl ran at) and `vs_peer_fwd` / `vs_peer_fwd_bwd` (and the host clock's) = the fastest peer mode's ms / our ms
+  (above 1: faster than the peer), `vs_peer_<part>_mode` naming that mode. on_progress(records, peer_notes), if
+  given, is called after every mixer at every shape, so that a sweep cut off by a time limit still leaves what it
+  measured.
   """
-  records, peer_notes = [], {}
-  for mixer in mixers:
-    peer_op = None
-    if peer:
-      peer_op, peer_notes[mixer] = fla_peer.load_peer(mixer)
-      log(f"peer for {mixer}: {peer_notes[mixer]}")
-    for B, T in shapes:
+  records, peer_notes, peer_ops = [], {}, {}
+  bound = fla_peer.lower_bound(peer_modes) if peer else None
+  for B, T in shapes:
+    for mixer in mixers:
+      for mode in peer_modes if peer else ():
+        name = f"{mixer} {fla_peer.peer_name(mode)}"
+        if name not in peer_notes:
+          peer_ops[name], peer_notes[name] = fla_peer.load_peer(mixer, mode)
+          log(f"peer {name}: {peer_notes[name]}")
+      programs = [(impl, C) for impl in impls for C in (chunk_size if impl != "scan" else (None,))]
       ours, o_ref = [], None
       try:
         built = [make_op_inputs(mixer, B, T, H, K, V, dtype, seed + 10 * i, initial_state=False)
                  for i in range(INPUT_SETS)]
         fn, arg_sets = built[0][0], [args for _, args in built]
+        if bound is not None:
+          arg_sets = [{**args, "g": jax.numpy.maximum(args["g"], bound)} for args in arg_sets]
         readout, _ = make_readouts(B, T, H, K, V, dtype, seed, state=False)
       except Exception as error:
-        records += [_record(mixer, impl, B, T, error=error_text(error)) for impl in impls]
+        records += [_record(mixer, impl, B, T, error=error_text(error), chunk_size=C) for impl, C in programs]
         continue
-      for impl in impls:
-        log(f"{mixer} {impl} {B}x{T}: compiling and timing...")
+      compiled = {}
+      if compile_threads > 1:
+        log(f"{mixer} {B}x{T}: compiling {len(programs)} programs, {compile_threads} at once...")
+        compiled = compile_all(fn, arg_sets[0], readout, programs, compile_threads)
+      for impl, C in programs:
+        label = f"{mixer} {impl}{'' if C is None else f' C={C}'} {B}x{T}"
+        log(f"{label}: {'timing' if compiled else 'compiling and timing'}...")
+        chunk = _chunk_of(impl, C, T)
         try:
-          timings, o = time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown)
-          ours.append(_record(mixer, impl, B, T, timings))
+          if isinstance(compiled.get((impl, C)), Exception):
+            raise compiled[(impl, C)]
+          timings, o = time_impl(fn, arg_sets, readout, impl, C, reps, breakdown, compiled.get((impl, C)))
+          ours.append(_record(mixer, impl, B, T, timings, chunk_size=chunk))
           o_ref = o if o_ref is None else o_ref
         except Exception as error:
-          ours.append(_record(mixer, impl, B, T, error=error_text(error)))
+          ours.append(_record(mixer, impl, B, T, error=error_text(error), chunk_size=chunk))
           log(f"  failed: {ours[-1]['error']}")
+      del compiled
       records += ours
       if on_progress is not None:  # before the peer, whose autotuning can outlast a time limit
         on_progress(records, peer_notes)
-      if peer_op is not None:
-        log(f"{mixer} {PEER} {B}x{T}: timing...")
-        records.append(_time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours, breakdown))
-      if on_progress is not None:
-        on_progress(records, peer_notes)
+      peers = []
+      for mode in peer_modes if peer else ():
+        op = peer_ops[f"{mixer} {fla_peer.peer_name(mode)}"]
+        if op is not None:
+          log(f"{mixer} {fla_peer.peer_name(mode)} {B}x{T}: timing...")
+          peers.append(_time_peer_config(op, mixer, fla_peer.peer_name(mode), B, T, arg_sets, readout, reps, o_ref,
+                                         breakdown))
+          records.append(peers[-1])
+          _compare_with_peers(ours, peers)
+          if on_progress is not None:
+            on_progress(records, peer_notes)
   return records, peer_notes
 
 
-def _time_peer_config(peer_op, mixer, B, T, arg_sets, readout, reps, o_ref, ours, breakdown=False):
+def _time_peer_config(peer_op, mixer, name, B, T, arg_sets, readout, reps, o_ref, breakdown=False):
   try:
-    host_sets = [{name: np.asarray(x) for name, x in args.items()} for args in arg_sets]
+    host_sets = [{key: np.asarray(x) for key, x in args.items()} for args in arg_sets]
     timings, o = fla_peer.time_peer(peer_op, host_sets, np.asarray(readout), reps, breakdown)
   except Exception as error:
-    return _record(mixer, PEER, B, T, error=error_text(error))
+    return _record(mixer, name, B, T, error=error_text(error), chunk_size=None)
   # The peer must compute what we compute, or the ratio means nothing.
   rel = None if o_ref is None else float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref))
-  for record in ours:
-    for part in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host"):
-      if record[f"{part}_ms"] and timings.get(f"{part}_ms"):
-        record[f"vs_peer_{part}"] = timings[f"{part}_ms"] / record[f"{part}_ms"]
-  return _record(mixer, PEER, B, T, timings, out_rel_err_vs_ours=rel)
+  return _record(mixer, name, B, T, timings, chunk_size=None, out_rel_err_vs_ours=rel)
+
+
+def _compare_with_peers(ours, peers):
+  """Sets each of our records' vs_peer_<part> (the fastest peer's ms / ours) and vs_peer_<part>_mode."""
+  for part in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host"):
+    timed = [p for p in peers if p.get(f"{part}_ms")]
+    if not timed:
+      continue
+    fastest = min(timed, key=lambda p: p[f"{part}_ms"])
+    for record in ours:
+      if record[f"{part}_ms"]:
+        record[f"vs_peer_{part}"] = fastest[f"{part}_ms"] / record[f"{part}_ms"]
+        record[f"vs_peer_{part}_mode"] = fastest["impl"]
 
 
 def _fmt(x, spec):
@@ -145,10 +225,10 @@ def _fmt(x, spec):
 
 
 def format_table(records):
-  """A markdown table: one row per (mixer, impl, shape)."""
-  lines = ["| mixer | impl | B x T | fwd ms | fwd Mtok/s | fwd+bwd ms | fwd+bwd Mtok/s | vs fla fwd | "
+  """A markdown table: one row per (mixer, impl, chunk size, shape)."""
+  lines = ["| mixer | impl | C | B x T | fwd ms | fwd Mtok/s | fwd+bwd ms | fwd+bwd Mtok/s | vs fla fwd | "
            "vs fla fwd+bwd | back to back fwd / fwd+bwd ms | vs fla back to back | note |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in records:
     note = r["error"] or ""
     if r.get("out_rel_err_vs_ours") is not None:
@@ -157,28 +237,72 @@ def format_table(records):
     ratios = [None if r.get(f"vs_peer_{p}") is None else f"{r[f'vs_peer_{p}']:.2f}x"
               for p in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host")]
     host = f"{_fmt(r.get('fwd_host_ms'), '.3f')} / {_fmt(r.get('fwd_bwd_host_ms'), '.3f')}"
-    cells = [r["mixer"], r["impl"], f"{r['B']}x{r['T']}", _fmt(r["fwd_ms"], ".3f"), _fmt(mtoks[0], ".2f"),
-             _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-", ratios[1] or "-", host,
-             f"{ratios[2] or '-'} / {ratios[3] or '-'}", note]
+    cells = [r["mixer"], r["impl"], _fmt(r.get("chunk_size"), "d"), f"{r['B']}x{r['T']}", _fmt(r["fwd_ms"], ".3f"),
+             _fmt(mtoks[0], ".2f"), _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-",
+             ratios[1] or "-", host, f"{ratios[2] or '-'} / {ratios[3] or '-'}", note]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
+SUMMARY_TITLE = "## Each chunk size and peer mode, fwd / fwd+bwd ms"
+
+
+def _pair(record, suffix):
+  """'fwd / fwd+bwd' ms of a record on one clock ("" the device's, "_host" the host's), or '-'."""
+  if record is None or record.get(f"fwd{suffix}_ms") is None:
+    return "-"
+  return f"{_fmt(record[f'fwd{suffix}_ms'], '.3f')} / {_fmt(record.get(f'fwd_bwd{suffix}_ms'), '.3f')}"
+
+
+def summary_table(records):
+  """One row per (mixer, B x T, clock): "fwd / fwd+bwd" ms of each of our (impl, chunk size) and each peer mode,
+  which of ours is fastest for each part, and its time over the fastest peer mode's (below 1: ours faster);
+  "" when the run timed one program of ours and at most one peer mode."""
+  column = lambda r: r["impl"] if r["impl"].startswith(PEER) else (r["impl"], r.get("chunk_size") or 0)
+  ours = sorted({column(r) for r in records if not r["impl"].startswith(PEER)})
+  peers = sorted({column(r) for r in records if r["impl"].startswith(PEER)})
+  if len(ours) < 2 and len(peers) < 2:
+    return ""
+  names = [f"{impl} C{chunk}" if chunk else impl for impl, chunk in ours] + peers
+  lines = ["| mixer | B x T | clock | " + " | ".join(names) + " | ours fastest | ours fastest / peer fastest |",
+           "|---" * (len(names) + 5) + "|"]
+  points = list(dict.fromkeys((r["mixer"], r["B"], r["T"]) for r in records))
+  for mixer, B, T in points:
+    at = {column(r): r for r in records if (r["mixer"], r["B"], r["T"]) == (mixer, B, T) and not r["error"]}
+    for clock, suffix in (("device", ""), ("host", "_host")):
+      fastest, ratios = [], []
+      for part in ("fwd", "fwd_bwd"):
+        timed = lambda keys: [at[k] for k in keys if k in at and at[k].get(f"{part}{suffix}_ms")]
+        mine, theirs = timed(ours), timed(peers)
+        best = min(mine, key=lambda r: r[f"{part}{suffix}_ms"]) if mine else None
+        fastest.append("-" if best is None else names[ours.index(column(best))])
+        if best is not None and theirs:
+          peer_ms = min(r[f"{part}{suffix}_ms"] for r in theirs)
+          ratios.append(f"{best[f'{part}{suffix}_ms'] / peer_ms:.2f}")
+        else:
+          ratios.append("-")
+      cells = [mixer, f"{B}x{T}", clock] + [_pair(at.get(k), suffix) for k in ours + peers]
+      lines.append("| " + " | ".join(cells + [" / ".join(fastest), " / ".join(ratios)]) + " |")
+  return "\n".join(lines)
+
+
 def plot_throughput(records, path):
-  """tokens/s against sequence length, forward and forward+backward, a line per (mixer, impl)."""
+  """tokens/s against sequence length, forward and forward+backward, a line per (mixer, impl, chunk size)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-  series = sorted({(r["mixer"], r["impl"]) for r in records})
+  series = sorted({(r["mixer"], r["impl"], r.get("chunk_size") or 0) for r in records})
   seq_lens = sorted({r["T"] for r in records})
   for ax, part, title in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
-    for mixer, impl in series:
+    for mixer, impl, chunk in series:
       points = sorted((r["T"], r[f"{part}_tokens_per_s"]) for r in records
-                      if (r["mixer"], r["impl"]) == (mixer, impl) and r[f"{part}_tokens_per_s"])
+                      if (r["mixer"], r["impl"], r.get("chunk_size") or 0) == (mixer, impl, chunk)
+                      and r[f"{part}_tokens_per_s"])
       if points:
-        ax.plot(*zip(*points), marker="o", linestyle="--" if impl == PEER else "-", label=f"{mixer} {impl}")
+        ax.plot(*zip(*points), marker="o", linestyle="--" if impl.startswith(PEER) else "-",
+                label=f"{mixer} {impl}" + (f" C={chunk}" if chunk else ""))
     ax.set_xscale("log", base=2)
     ax.set_xticks(seq_lens, [str(T) for T in seq_lens])
     ax.minorticks_off()
@@ -224,11 +348,14 @@ def kernel_lines(records):
 
 def write_report(records, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md,png}; returns their paths."""
-  notes = [f"- peer for {mixer}: {note}" for mixer, note in meta.get("peer", {}).items()]
-  notes += ["- vs fla = fla ms / our ms (above 1: faster than fla); Mtok/s = B*T / time"]
+  notes = [f"- peer {name}: {note}" for name, note in meta.get("peer", {}).items()]
+  notes += ["- vs fla = the fastest fla mode's ms / our ms (above 1: faster than fla); Mtok/s = B*T / time"]
   if meta.get("config", {}).get("breakdown") and not any(r.get("kernels_fwd") for r in records):
     notes += ["- breakdown: no kernel list, CUPTI is not available on this backend"]
   table = format_table(records)
+  summary = summary_table(records)
+  if summary:
+    table += f"\n\n{SUMMARY_TITLE}\n\n{summary}"
   kernels = kernel_lines(records)
   if kernels:
     table += "\n\n## Kernels (CUPTI, one warm run, same-named kernels summed)\n\n" + "\n".join(kernels)
@@ -245,11 +372,15 @@ def bench(settings, out_dir, tag, log=print):
   report = lambda records, notes: write_report(records, {**meta, "peer": notes}, out_dir, tag)
   records, peer_notes = run_sweep(
       s.mixers, s.impls, parse_shapes(",".join(s.shapes)), H=s.heads, K=s.head_dim, V=s.value_dim or s.head_dim,
-      dtype=s.dtype, chunk_size=s.chunk_size, reps=s.reps, seed=s.seed, peer=s.peer, breakdown=s.breakdown, log=log,
-      on_progress=report)
+      dtype=s.dtype, chunk_size=chunk_sizes(s.chunk_size), reps=s.reps, seed=s.seed, peer=s.peer,
+      peer_modes=s.peer_modes, compile_threads=s.compile_threads, breakdown=s.breakdown, log=log, on_progress=report)
   paths = report(records, peer_notes)
   log("\nwrote " + ", ".join(paths.values()))
-  log(f"\n{meta['device']}, {s.dtype}, H={s.heads} K={s.head_dim}; vs fla = fla ms / our ms\n" + format_table(records))
+  log(f"\n{meta['device']}, {s.dtype}, H={s.heads} K={s.head_dim}; vs fla = fla's fastest mode's ms / our ms\n"
+      + format_table(records))
+  summary = summary_table(records)
+  if summary:
+    log(f"\n{SUMMARY_TITLE} ({meta['device']}; device: {meta['timer']})\n{summary}")
   return records, paths
 
 

@@ -60,10 +60,13 @@ class OpsSettings:
   head_dim: int = _setting(128, "K, the key dimension per head")
   value_dim: Optional[int] = _setting(None, "V per head (none: head_dim)")
   dtype: str = _setting("bfloat16", "input dtype: bfloat16, float16 or float32 (g stays fp32)")
-  chunk_size: int = _setting(64, "chunk size of the chunked impls")
+  chunk_size: tuple[int, ...] = _setting((), "chunk sizes of the chunked impls, each timed (none: each impl's rule)")
   reps: int = _setting(20, "warm runs per timing (median)")
   seed: int = _setting(0, "seed of the first of the 3 input sets")
   peer: bool = _setting(True, "also time fla's Triton chunk_kda / chunk_gdn2 where torch, a GPU and fla are here")
+  peer_modes: tuple[str, ...] = _setting(("plain",), "fla's modes, each timed: plain, safe_gate (lower_bound -5; "
+                                         "every input's g, ours too, clipped there)")
+  compile_threads: int = _setting(1, "programs of one mixer and shape compiled at once before they are timed")
   breakdown: bool = _setting(False, "also list each run's kernels by device time (CUPTI, one warm run; GPU only)")
 
 
@@ -201,7 +204,8 @@ def _ops_env(settings):
 MODES = {entry.name: entry for entry in (
     Mode("ops", "the dense mixers' ops, forward and forward+backward, over shapes; fla's Triton kernels beside them",
          OpsSettings, {"shapes": ("1x256",), "heads": 2, "head_dim": 32}, "sdm_jax.benchmarking.op_bench",
-         key=("mixer", "impl", "B", "T"), compared=("fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms"),
+         key=("mixer", "impl", "chunk_size", "B", "T"),
+         compared=("fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms"),
          base_settings={"peer": False}, env=_ops_env),
     Mode("train", "whole-model training steps (ms/step, tokens/s, peak memory, MFU), one process per entry; fla's "
          "HF models beside them", TrainSettings,

@@ -69,6 +69,13 @@ def test_settings_apply_cpu_values_then_overrides_and_name_bad_ones():
     registry.settings("ops", ["peer=maybe"])
   with pytest.raises(ConfigError, match=r"ops setting mixers: expected some of .*got \['kdb'\]"):
     registry.check("ops", ["mixers=kdb"])
+  assert registry.settings("ops", ["chunk_size=16,64", "peer_modes=plain,safe_gate"]).chunk_size == (16, 64)
+  with pytest.raises(ConfigError, match=r"ops setting chunk_size: expected a power of two .*got 48"):
+    registry.check("ops", ["chunk_size=32,48"])
+  with pytest.raises(ConfigError, match=r"ops setting peer_modes: expected some of \('plain', 'safe_gate'\)"):
+    registry.check("ops", ["peer_modes=fast"])
+  with pytest.raises(ConfigError, match=r"ops setting compile_threads: expected an integer >= 1, got 0"):
+    registry.check("ops", ["compile_threads=0"])
   with pytest.raises(ConfigError, match="sdm setting num_slots: expected a perfect square"):
     registry.check("sdm", ["num_slots=1000"])
   with pytest.raises(ConfigError, match=r"kernels setting grid.state_pass.warps: expected a field of"):
@@ -203,7 +210,7 @@ def test_link_trees_pairs_points_and_takes_base_over_this():
   assert records[0]["vs_base_fwd_ms"] == pytest.approx(1.5) and records[0]["vs_base_fwd_bwd_ms"] is None
   assert records[1]["vs_base_fwd_ms"] is None and "vs_base_fwd_ms" not in records[2]
   assert records[0]["vs_base_fwd_host_ms"] == pytest.approx(2.5)
-  assert ("| kda | pallas | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
+  assert ("| kda | pallas | - | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
           in registry.compare_table(records, entry))
 
 
@@ -221,9 +228,10 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
   assert 0 < good["fwd_host_ms"] < 1e5 and 0 < good["fwd_bwd_host_ms"] < 1e5  # the second timer, back to back
   assert good["fwd_tokens_per_s"] == pytest.approx(16 / (good["fwd_ms"] * 1e-3))
   assert bad["fwd_ms"] is None and "no_such_impl" in bad["error"]
-  assert ours["peer"]["kda"] in PEER_ABSENT and ours["timer"].startswith("host wall clock")
+  assert ours["peer"]["kda fla"] in PEER_ABSENT and ours["timer"].startswith("host wall clock")
+  assert good["chunk_size"] == 16 and bad["chunk_size"] == 16
   markdown = next((tmp_path / "trees_trees" / "this").glob("*_trees.md")).read_text()
-  assert f"peer for kda: {ours['peer']['kda']}" in markdown and "| kda | chunk | 1x16 |" in markdown
+  assert f"peer kda fla: {ours['peer']['kda fla']}" in markdown and "| kda | chunk | 16 | 1x16 |" in markdown
   assert "breakdown: no kernel list, CUPTI is not available" in markdown and good["kernels_fwd"] is None
 
   report = json.loads(next(tmp_path.glob("*_trees.json")).read_text())
@@ -234,7 +242,7 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
   runs = report["runs"]
   assert runs["this"]["package_dir"] == str(ROOT / "sdm_jax") != runs["base"]["package_dir"]
   assert runs["base"]["config"]["peer"] is False and report["trees"]["base"].split()[0] in report["trees"]["this"]
-  assert "| kda | chunk | 1 | 16 | base |" in next(tmp_path.glob("*_trees.md")).read_text()
+  assert "| kda | chunk | 16 | 1 | 16 | base |" in next(tmp_path.glob("*_trees.md")).read_text()
   bad = subprocess.run([sys.executable, "-m", "experiments.bench", "--what=ops", "--base=no_such_commit"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
   assert bad.returncode == 2 and bad.stderr.strip() == (

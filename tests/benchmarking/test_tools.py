@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax.benchmarking import fla_peer
-from sdm_jax.benchmarking.op_bench import merge_reports, parse_shapes, run_sweep, write_report
+from sdm_jax.benchmarking import fla_peer, op_bench
+from sdm_jax.benchmarking.op_bench import merge_reports, parse_shapes, run_sweep, summary_table, write_report
 from sdm_jax.benchmarking.op_compare import compare_impls, error_row, format_report
 from sdm_jax.benchmarking import op_inputs
 from sdm_jax.benchmarking.op_inputs import make_op_inputs
@@ -67,9 +67,10 @@ def test_parse_shapes():
 
 def test_bench_sweep_records_failures_and_writes_report(tmp_path):
   records, peers = run_sweep(["gdn2"], ["chunk", "no_such_impl"], [(1, 32)], H=2, K=8, V=8, dtype="float32",
-                             chunk_size=16, reps=2, peer=False, log=quiet)
+                             chunk_size=(16,), reps=2, peer=False, log=quiet)
   assert peers == {}
   good, bad = records
+  assert good["chunk_size"] == 16
   assert good["error"] is None and good["fwd_ms"] > 0 and good["fwd_bwd_ms"] > 0
   assert good["fwd_tokens_per_s"] == pytest.approx(32 / (good["fwd_ms"] * 1e-3))
   assert bad["fwd_ms"] is None and "ValueError" in bad["error"] and "no_such_impl" in bad["error"]
@@ -82,9 +83,57 @@ def test_bench_sweep_records_failures_and_writes_report(tmp_path):
   assert saved["results"] == records
   with open(paths["md"]) as f:
     markdown = f.read()
-  assert "| gdn2 | chunk | 1x32 |" in markdown and "skipped in the test" in markdown
+  assert "| gdn2 | chunk | 16 | 1x32 |" in markdown and "skipped in the test" in markdown
   with open(paths["png"], "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_goes_shape_by_shape_over_chunk_sizes_and_peer_modes():
+  """Chunk sizes 16 and None (the chunk impl's rule: 64 clamped to the padded length), every mixer at a shape before
+  the next shape, the programs of each compiled two at once; every peer mode loaded once (none runs on the CPU);
+  the summary has a row per (mixer, shape, clock) with a column per chunk size."""
+  records, peers = run_sweep(["gdn", "kda"], ["chunk"], [(1, 16), (1, 32)], H=1, K=8, V=8, dtype="float32",
+                             chunk_size=(16, None), reps=1, peer=True, peer_modes=("plain", "safe_gate"),
+                             compile_threads=2, log=quiet)
+  assert [(r["mixer"], r["T"], r["chunk_size"]) for r in records] == [
+      ("gdn", 16, 16), ("gdn", 16, 16), ("kda", 16, 16), ("kda", 16, 16),
+      ("gdn", 32, 16), ("gdn", 32, 32), ("kda", 32, 16), ("kda", 32, 32)]
+  assert all(r["error"] is None and r["fwd_ms"] > 0 and r["fwd_bwd_host_ms"] > 0 for r in records)
+  assert peers["gdn fla safe_gate"] == "no fla peer for gdn" and set(peers) == {
+      "gdn fla", "gdn fla safe_gate", "kda fla", "kda fla safe_gate"}
+  lines = summary_table(records).splitlines()
+  assert lines[0].startswith("| mixer | B x T | clock | chunk C16 | chunk C32 | ours fastest |") and len(lines) == 10
+  assert lines[-1].startswith("| kda | 1x32 | host | ") and lines[-1].endswith(" | - / - |")  # no peer timed
+  assert summary_table(records[:1]) == ""  # one program of ours, no peer: nothing to set side by side
+
+
+def test_ours_are_set_against_the_fastest_peer_mode_of_each_part():
+  ours = [{"impl": "pallas", "fwd_ms": 1.0, "fwd_bwd_ms": 4.0, "fwd_host_ms": 2.0, "fwd_bwd_host_ms": None}]
+  peers = [{"impl": "fla", "fwd_ms": 1.5, "fwd_bwd_ms": 6.0, "fwd_host_ms": 3.0, "fwd_bwd_host_ms": 7.0},
+           {"impl": "fla safe_gate", "fwd_ms": 1.8, "fwd_bwd_ms": 5.0, "fwd_host_ms": None, "fwd_bwd_host_ms": 6.5}]
+  op_bench._compare_with_peers(ours, peers)
+  (r,) = ours
+  assert (r["vs_peer_fwd"], r["vs_peer_fwd_mode"]) == (pytest.approx(1.5), "fla")
+  assert (r["vs_peer_fwd_bwd"], r["vs_peer_fwd_bwd_mode"]) == (pytest.approx(1.25), "fla safe_gate")
+  assert r["vs_peer_fwd_host"] == pytest.approx(1.5) and "vs_peer_fwd_bwd_host" not in r
+
+
+@pytest.mark.parametrize("peer, modes, floor", [(True, ("plain", "safe_gate"), -5.0), (True, ("plain",), None),
+                                                (False, ("safe_gate",), None)])
+def test_a_bounded_peer_mode_clips_every_input_sets_decay(monkeypatch, peer, modes, floor):
+  """fla's safe_gate needs g >= its lower_bound: ours get the same clipped g, so both compute the same."""
+  steep = lambda *a, **kw: (lambda fn, args: (fn, {**args, "g": 20.0 * args["g"] - 6.0}))(*make_op_inputs(*a, **kw))
+  seen = []
+
+  def timed(fn, arg_sets, *rest):
+    seen.extend(float(jnp.min(args["g"])) for args in arg_sets)
+    return {"fwd_ms": 1.0, "fwd_bwd_ms": 1.0}, np.zeros((1,), np.float32)
+
+  monkeypatch.setattr(op_bench, "make_op_inputs", steep)
+  monkeypatch.setattr(op_bench, "time_impl", timed)
+  run_sweep(["kda"], ["chunk"], [(1, 16)], H=1, K=8, V=8, dtype="float32", reps=1, peer=peer, peer_modes=modes,
+            log=quiet)
+  assert len(seen) == 3 and (all(g == floor for g in seen) if floor else all(g < -6.0 for g in seen))
 
 
 def test_merge_reports_joins_runs_and_refuses_other_devices(tmp_path):
