@@ -33,7 +33,8 @@ def main(argv):
     config.train.eval_batches = FLAGS.eval_batches
   check_batch(config, jax.device_count())  # this machine may have other devices than the run's
   model, step, mesh = restore_for_eval(FLAGS.workdir, config)
-  result = {"step": step, **evaluate(model, config, mesh)}
+  print(f"evaluating step {step} on {config.train.eval_batches} validation batches", flush=True)
+  result = {"step": step, **evaluate(model, config, mesh, log=lambda line: print(line, flush=True))}
   path = pathlib.Path(FLAGS.workdir) / "eval.json"
   path.write_text(jsonio.dumps(result, indent=2))
   bits_per_byte = f" bits per byte {result['bits_per_byte']:.4f}" if "bits_per_byte" in result else ""

@@ -26,13 +26,19 @@ def main(argv):
   del argv
   if not FLAGS.workdirs:  # a clearer line than absl's for a missing required flag
     raise app.UsageError("--workdirs: expected one or more run directories")
-  rows = [summarize_run(workdir) for workdir in FLAGS.workdirs]
+  try:
+    rows = [summarize_run(workdir) for workdir in FLAGS.workdirs]
+  except ValueError as error:  # a missing or damaged run directory
+    cli.fail(error)
   table = format_table(rows)
   if FLAGS.twins:
     if len(rows) % 2:
       raise app.UsageError(f"--twins: expected pairs of run directories, got {len(rows)}")
-    pairs = [(rows[i], rows[i + 1], twin_difference(FLAGS.workdirs[i], FLAGS.workdirs[i + 1]))
-             for i in range(0, len(rows), 2)]
+    try:
+      pairs = [(rows[i], rows[i + 1], twin_difference(FLAGS.workdirs[i], FLAGS.workdirs[i + 1]))
+               for i in range(0, len(rows), 2)]
+    except ValueError as error:
+      cli.fail(error)
     table += "\n\n" + format_twins(pairs)
   if FLAGS.out:
     out = pathlib.Path(FLAGS.out)

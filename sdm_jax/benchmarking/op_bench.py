@@ -321,8 +321,13 @@ def merge_reports(json_paths):
   Runs on different devices, jax versions or timers raise ValueError: their times are not comparable."""
   runs = []
   for path in json_paths:
-    with open(path) as f:
-      runs.append(json.load(f))
+    try:
+      with open(path) as f:
+        runs.append(json.load(f))
+      runs[-1]["results"], runs[-1]["date"], runs[-1]["command"]  # noqa: B018 (what a report holds)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+      raise ValueError(f"merge: {path!r}: expected the JSON report of an ops run ({type(error).__name__}: "
+                       f"{error})") from None
   if not runs:
     raise ValueError("merge: expected at least one report")
   for key in ("device", "jax_version", "timer"):

@@ -7,10 +7,18 @@ from sdm_jax.training.metrics import MetricsLog
 
 
 def _records(workdir):
-  """A run directory's metrics records, or ValueError if it has none."""
-  if not (pathlib.Path(workdir) / "metrics.jsonl").exists():
-    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r}")
-  return MetricsLog(workdir).read()
+  """A run directory's metrics records, or ValueError naming the directory if it has none or they do not read."""
+  workdir = pathlib.Path(workdir)
+  if not workdir.is_dir():
+    raise ValueError(f"workdir: {str(workdir)!r} is not a directory; expected a run directory of experiments.train")
+  if not (workdir / "metrics.jsonl").exists():
+    raise ValueError(f"workdir: expected a run directory with metrics.jsonl, got {str(workdir)!r} (a run writes it "
+                     f"at its first logged step)")
+  try:
+    return MetricsLog(workdir).read()
+  except (ValueError, KeyError, TypeError) as error:
+    raise ValueError(f"workdir: {str(workdir / 'metrics.jsonl')!r} is damaged: expected one JSON record a line "
+                     f"({type(error).__name__}: {error})") from None
 
 
 def _fmt(x, spec):
@@ -21,7 +29,11 @@ def summarize_run(workdir):
   """One row for a run directory: its model, final and best evaluation, and training tokens/s."""
   workdir = pathlib.Path(workdir)
   records = _records(workdir)
-  model = json.loads((workdir / "config.json").read_text())["model"]
+  try:
+    model = json.loads((workdir / "config.json").read_text())["model"]
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise ValueError(f"workdir: {str(workdir / 'config.json')!r}: expected the run's config as JSON "
+                     f"({type(error).__name__}: {error})") from None
   evals = [r for r in records if r["split"] == "eval"]
   rates = [r["tokens_per_s"] for r in records if r["split"] == "train" and "tokens_per_s" in r]
   return {
