@@ -6,6 +6,7 @@ r"""Compares the impls of one mixer: o, final state and every gradient, plus com
 The first impl is the reference. Exits non-zero when any compared quantity is non-finite.
 """
 
+import os
 import sys
 
 from absl import flags
@@ -36,6 +37,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.setup()
+  if FLAGS.out_json and not os.path.isdir(os.path.dirname(os.path.abspath(FLAGS.out_json))):
+    cli.fail(f"--out_json={FLAGS.out_json}: its directory does not exist")
   if FLAGS.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   try:
@@ -44,7 +47,7 @@ def main(argv):
         V=FLAGS.value_dim or FLAGS.head_dim, dtype=FLAGS.dtype, chunk_size=FLAGS.chunk_size, seed=FLAGS.seed,
         initial_state=FLAGS.initial_state, reps=FLAGS.reps, log=lambda line: print(line, flush=True))
   except (ValueError, NotImplementedError) as error:
-    sys.exit(f"compare_impls: {error}")
+    cli.fail(error)  # an impl, shape or dtype the mixer cannot run
   print()
   print(format_report(report))
   if FLAGS.out_json:
