@@ -213,7 +213,10 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
   with StopSignals() as stop:
     stop.data_error = None  # a sweep's context outlives the run that met an error
     try:
-      step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
+      try:
+        step = (checkpoints.restore(model, optimizer, iterator, config=config) if resume else None) or 0
+      except DataError as error:  # restoring the iterator's state reads the records it had consumed
+        raise TrainingDataError(f"{error}; nothing was trained. {_last_good(checkpoints)}") from None
       metrics_log.truncate(step)  # the records of steps past the checkpoint belong to a run that was lost
       if step:
         log(f"resumed from step {step} ({checkpoints.directory})")

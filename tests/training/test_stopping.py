@@ -146,3 +146,37 @@ def test_ctrl_c_on_a_sweep_saves_the_running_run_and_prints_the_resume_command(t
   assert checkpoint_steps(run_dir) == [stopped] and stopped >= 3
   records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, stopped + 1))
+
+
+def test_a_shard_damaged_without_changing_its_size_stops_the_run_naming_it(tmp_path):
+  """Bytes flipped inside a train shard after the run started: its size and record count still check out, the
+  records fail their hashes only as they are read (here as the resumed iterator reads its way back to its state;
+  a damage met with batches queued is test_damaged_data_mid_run_...). The program stops with one line naming the
+  shard and exit code 2, the checkpoints kept; evaluation (its shards intact) shows its progress."""
+  from sdm_jax.data import prepare, shards
+  corpus = tmp_path / "corpus"
+  manifest = prepare.prepare("pydoc", "train:300", corpus, validation_fraction=0.1, log=quiet)
+  args = [f"--config={ROOT / 'experiments' / 'configs' / 'corpus.py'}:cpu,{corpus}", f"--workdir={tmp_path / 'run'}",
+          "--config.data.seq_len=32", "--config.data.batch_size=2", "--config.train.eval_batches=1",
+          "--config.train.log_every=1", "--config.train.checkpoint_every=3", "--config.train.eval_every=1000"]
+  first = subprocess.run(_program("train", *args, "--stop_after=3"), cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+  assert first.returncode == 0 and checkpoint_steps(tmp_path / "run") == [3], first.stderr[-2000:]
+  shard = corpus / manifest["splits"]["train"]["shards"][0]["path"]
+  data = bytearray(shard.read_bytes())
+  for index in range(64, len(data) // 2, 97):  # most records; the index at the end stays whole
+    data[index] ^= 0x55
+  shard.write_bytes(bytes(data))
+  shards.check_shard(corpus, manifest["splits"]["train"]["shards"][0])  # the checks at start pass
+  damaged = subprocess.run(_program("train", *args), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert damaged.returncode == 2, damaged.stdout[-2000:] + damaged.stderr[-2000:]
+  assert damaged.stderr.startswith(f"error: corpus shard {str(shard)!r} is damaged: its record ")
+  assert damaged.stderr.count("\n") == 1 and "prepare the corpus again" in damaged.stderr
+  # Met while the resumed iterator reads its way back to its state, or at a later batch (a checkpoint there).
+  kept = checkpoint_steps(tmp_path / "run")
+  assert kept[0] == 3 and f"The last good checkpoint is step {kept[-1]} in" in damaged.stderr
+  assert "; nothing was trained. " in damaged.stderr or f"; stopped at step {kept[-1]}. " in damaged.stderr
+  evaluated = subprocess.run(_program("eval", f"--workdir={tmp_path / 'run'}"), cwd=tmp_path, env=ENV,
+                             capture_output=True, text=True, timeout=300)
+  assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+  assert f"evaluating step {kept[-1]} on 1 validation batches\neval batch 1/1 (" in evaluated.stdout
