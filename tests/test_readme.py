@@ -125,7 +125,8 @@ def _environment():
 
 
 def test_the_readme_splits_into_its_command_blocks():
-  text = "## A\n\n    make demo    # x\n\n    a \\\n        --b='c # d'   # e\n    f\n\ntext\n\n    g\n## B\n\n    import os\n"
+  text = ("## A\n\n    make demo    # x\n\n    a \\\n        --b='c # d'   # e\n    f\n\ntext\n\n    g\n"
+          "## B\n\n    import os\n")
   found = sections(text)
   assert list(found) == ["A", "B"] and len(found["A"]) == 2
   assert commands(found["A"][0]) == [("make demo", "x"), ("a --b='c # d'", "e"), ("f", "")]

@@ -112,8 +112,8 @@ def batches(data, split, *, shard_index, shard_count, read_options):
   """The batches of shard `shard_index` of `shard_count` as a grain.IterDataset (see the module docstring)."""
   config = task.from_data(TokenCorpusConfig, data)
   manifest = _manifest(config)
-  documents = grain.MapDataset.source(ShardRecords(shards.split_paths(config.data_dir, split, manifest),
-                                                   [shard["documents"] for shard in manifest["splits"][split]["shards"]]))
+  counts = [shard["documents"] for shard in manifest["splits"][split]["shards"]]
+  documents = grain.MapDataset.source(ShardRecords(shards.split_paths(config.data_dir, split, manifest), counts))
   documents = documents.map(functools.partial(_document, manifest["token_dtype"]))
   if split == "train":
     # As in the text task: shuffle folds the epoch into its seed, so the seed is mixed first.

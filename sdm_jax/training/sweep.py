@@ -489,8 +489,8 @@ def parse_shard(text):
 
 def describe(runs, config_file, grid, eval_grid, seeds):
   path, colon, variant = str(config_file).partition(":")
-  return {"config": str(pathlib.Path(path).absolute()) + colon + variant, "grid": grid, "eval_grid": eval_grid, "seeds": list(seeds),
-          "runs": [run.name for run in runs]}
+  return {"config": str(pathlib.Path(path).absolute()) + colon + variant, "grid": grid, "eval_grid": eval_grid,
+          "seeds": list(seeds), "runs": [run.name for run in runs]}
 
 
 def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, eval_batches=None, dry_run=False,

@@ -34,8 +34,8 @@ def program(name, *args):
     ([f"--config={MQAR}:demo", "--config.trian.steps=3"],
      "error: --config.trian.steps: config has no field 'trian' (did you mean 'train'?)"),
     ([f"--config={MQAR}:gdn3"], f"error: --config={MQAR}:gdn3: config variant: expected one of ('gdn', 'kda', "
-     "'fg2_gdn', 'fg2_gdn_plus', 'gdn2', 'gdn2_swa', 'fg2_attn', 'sdm', 'demo', 'cpu'), got 'gdn3' (did you mean 'gdn' or "
-     "'gdn2'?)"),
+     "'fg2_gdn', 'fg2_gdn_plus', 'gdn2', 'gdn2_swa', 'fg2_attn', 'sdm', 'demo', 'cpu'), got 'gdn3' (did you mean "
+     "'gdn' or 'gdn2'?)"),
     ([f"--config={MQAR[:-3]}s.py:demo"],
      f"error: --config={MQAR[:-3]}s.py:demo: cannot load that config file; expected path/to/config.py:variant"),
     ([f"--config={MQAR}:demo", "--workdri=x"], "error: Unknown command line flag 'workdri'. Did you mean: workdir ?"),
