@@ -87,8 +87,6 @@ def get_config(argument="kda_340m"):
   model.mlp_ratio = mlp_hidden / width  # 2.75: round(mlp_ratio * width) is fla's hidden exactly
   model.window = WINDOW
   model.dtype = "bfloat16"
-  # The Pallas op is faster at chunk 32 than at 64 on the H200 (benchmarks/sessions/2026-11-30_h200_session12.md).
-  model.chunk_size = 32
   # Keeps the matmuls' outputs and the Pallas kernels' results, recomputes the elementwise rest: within fla's
   # peak memory at the reference shape and within 3 % of no remat (benchmarks/train/).
   model.remat = "dots_kernels"
