@@ -151,5 +151,9 @@ def delta_rule_chunk(q, u, e, z, g, scale, initial_state, chunk_size, starts=Non
   q, u, e, g: [B, T, H, K]; z: [B, T, H, V]; initial_state: [B, H, K, V]; starts: None or [B, T] bool.
   """
   chunks = chunk_intra(q, u, e, z, g, scale, chunk_size, starts)
+  # Under jit, XLA:CPU's YNNPACK fusion (jaxlib 0.11) computes wrong, compile-dependent outputs (inf, NaN, 1e16)
+  # when a constant zero state (initial_state=None) is folded into the dots of a one-chunk scan as a broadcast
+  # scalar; the barrier keeps the state an array the dots read.
+  initial_state = jax.lax.optimization_barrier(initial_state)
   final_state, o = jax.lax.scan(chunk_step, initial_state, jax.tree.map(lambda x: jnp.moveaxis(x, 2, 0), chunks))
   return from_chunks(jnp.moveaxis(o, 0, 2), q.shape[1]), final_state
