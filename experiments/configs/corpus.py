@@ -5,7 +5,7 @@ variants of experiments/configs/text.py).
   python -m experiments.train --config=experiments/configs/corpus.py:gdn2 --workdir=runs/corpus_gdn2
 
 The argument is "VARIANT" or "VARIANT,DATA_DIR" (default data/stdlib, what prepare_data's defaults write); every
-variant is sized for a GPU but "cpu", a 1-layer width-64 GDN-2 trained 30 steps of 8 rows of 128 tokens (the
+variant is sized for a GPU but "cpu", a 1-layer width-64 GDN-2 trained 20 steps of 4 rows of 128 tokens (the
 README's command on a laptop CPU, in about a minute; a check that it runs, not a result). The
 vocabulary is read from DATA_DIR's manifest when it exists, else the default tokenizer's 4096; a corpus needing more
 is refused with a message when the data is opened. Packing: --config.data.packing=concat_then_split (default
@@ -39,9 +39,9 @@ def get_config(argument="gdn2"):
   data.vocab_size = _vocab_size(data.data_dir, data.vocab_size)
   config.data = data
   if variant == "cpu":
-    data.seq_len, data.batch_size = 128, 8
+    data.seq_len, data.batch_size = 128, 4
     config.model = model_config("gdn2", data.vocab_size, num_layers=1, width=64, num_heads=2, head_dim=32)
-    config.train = train_config(30, 3e-3, warmup_steps=5, log_every=10, eval_every=30, checkpoint_every=15)
+    config.train = train_config(20, 3e-3, warmup_steps=5, log_every=5, eval_every=20, checkpoint_every=10)
     config.train.eval_batches = 2
     return config
   data.seq_len, data.batch_size = 1024, 16

@@ -4,7 +4,7 @@ r"""MQAR (multi-query associative recall) configs, one variant per mixer and hyb
 
 Variants: gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2 (pattern "D"), gdn2_swa ("DS"), fg2_attn
 ("DDDA"), sdm ("SSSM"), all sized for a GPU; demo (a tiny GDN-2 that learns in 300 steps, for `make demo`) and cpu
-(the demo's task and one of its two layers, 40 steps: the README's commands on a laptop CPU, in well under a
+(the demo's task and one of its two layers, 20 steps of 8 sequences: the README's commands on a laptop CPU, in well under a
 minute each; too few steps to learn). Override any field from the command line, e.g. --config.train.steps=500 or
 --config.model.mixer=kda.
 """
@@ -27,8 +27,8 @@ def get_config(variant="gdn2"):
     config.model = model_config("gdn2", data.vocab_size, width=64, head_dim=32)
     config.train = train_config(300, 1e-2, warmup_steps=10, log_every=10, eval_every=150, checkpoint_every=50)
     if variant == "cpu":  # every command of the README in seconds: a check that it runs, not a result
-      data.batch_size, config.model.num_layers = 16, 1
-      config.train = train_config(40, 1e-2, warmup_steps=10, log_every=10, eval_every=40, checkpoint_every=20)
+      data.batch_size, config.model.num_layers = 8, 1
+      config.train = train_config(20, 1e-2, warmup_steps=5, log_every=5, eval_every=20, checkpoint_every=10)
       config.train.eval_batches = 2
   else:
     # Zoology's MQAR (vocab 8192, 16 pairs in 128 tokens). The head is tied to the embedding, as in Zoology's
