@@ -77,7 +77,8 @@ def _tokenizer(spec, sources, out, validation_fraction, existing, log):
     if not (path.exists() and os.path.samefile(spec, path)):
       shutil.copyfile(spec, path)
     log(f"tokenizer: {spec} (copied to {path})")
-  return tokenizer, {"path": shards.TOKENIZER, "source": spec, "sha256": tokenizers_lib.file_sha256(path),
+  source = spec if spec.startswith(TRAIN_PREFIX) else str(pathlib.Path(spec).absolute())  # where it came from
+  return tokenizer, {"path": shards.TOKENIZER, "source": source, "sha256": tokenizers_lib.file_sha256(path),
                      "vocab_size": tokenizers_lib.vocab_size(tokenizer)}
 
 

@@ -102,3 +102,11 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match=re.escape("shard_bytes: expected a positive number of bytes, got 0")):
     prepare.prepare(inputs, "train:300", tmp_path / "out", shard_bytes=0, log=quiet)
   assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_given_by_a_relative_path_is_recorded_absolute(tmp_path, monkeypatch):
+  inputs = write_texts(tmp_path / "in", TEXTS)
+  prepare.prepare(inputs, "train:300", tmp_path / "first", log=quiet)
+  monkeypatch.chdir(tmp_path)
+  manifest = prepare.prepare(inputs, "first/tokenizer.json", "second", log=quiet)
+  assert manifest["tokenizer"]["source"] == str(tmp_path / "first" / "tokenizer.json")
