@@ -51,9 +51,10 @@ def main(argv):
   cli.setup()
   config = FLAGS.config
   if config is None:
-    if FLAGS.workdir is None:
+    import pathlib
+    from sdm_jax.training.workdir import CONFIG, load_config
+    if FLAGS.workdir is None or not (pathlib.Path(FLAGS.workdir) / CONFIG).exists():
       raise app.UsageError("--config: expected path/to/config.py:variant (or a --workdir holding a run), got none")
-    from sdm_jax.training.workdir import load_config
     config = load_config(FLAGS.workdir)
   if FLAGS.print_config:
     print(config.to_json_best_effort(indent=2))

@@ -52,7 +52,7 @@ def test_a_bad_flag_or_config_field_is_one_line_and_exit_code_2(args, line, caps
 
 
 def test_a_train_call_that_fails_its_checks_exits_2_and_writes_nothing(tmp_path):
-  for args, start in (([], "error: flag --config=None: "),
+  for args, start in (([], "error: --config: expected path/to/config.py:variant (or a --workdir holding a run)"),
                       ([f"--config={MQAR}:demo", "--config.model.impl=trition"], "error: config.model.impl: ")):
     out = subprocess.run(program("train", f"--workdir={tmp_path / 'run'}", *args), cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
