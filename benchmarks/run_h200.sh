@@ -156,9 +156,9 @@ for step in ${*:-compare bench sdm mqar}; do
       bench 300 train h200_train_sdm_vs_gdn --set=configs=experiments/configs/paper.py:gdn_ref,experiments/configs/paper.py:sdm_ref \
         --set=peers=
       bench 200 train h200_train_sdm_bf16table --set=configs=experiments/configs/paper.py:sdm_ref \
-        --set=overrides=model.sdm_table_dtype=bfloat16 --set=peers=
+        --set=overrides=model.sdm.table_dtype=bfloat16 --set=peers=
       bench 200 train h200_train_sdm_bf16grad --set=configs=experiments/configs/paper.py:sdm_ref \
-        --set=overrides=model.sdm_table_dtype=bfloat16,model.sdm_table_grad_dtype=bfloat16 --set=peers= ;;
+        --set=overrides=model.sdm.table_dtype=bfloat16,model.sdm.table_grad_dtype=bfloat16 --set=peers= ;;
     sdm_table)  # the same run, seed and batches with each table dtype (table:gradient; SDM_TABLE_RUNS narrows them):
       # the cost in loss of the bf16 table and of its bf16 gradient
       workdirs=()
@@ -166,8 +166,8 @@ for step in ${*:-compare bench sdm mqar}; do
         dt=${dts%:*} gdt=${dts#*:}
         workdirs+=("$RES/sdm_table_${dt}_$gdt")
         run 230 python3 -m experiments.train --config=experiments/configs/paper.py:sdm_ref,data/stdlib32k \
-          --workdir="$RES/sdm_table_${dt}_$gdt" --config.model.sdm_table_dtype=$dt \
-          --config.model.sdm_table_grad_dtype=$gdt --config.train.steps=${SDM_TABLE_STEPS:-400} \
+          --workdir="$RES/sdm_table_${dt}_$gdt" --config.model.sdm.table_dtype=$dt \
+          --config.model.sdm.table_grad_dtype=$gdt --config.train.steps=${SDM_TABLE_STEPS:-400} \
           --config.train.warmup_steps=100 --config.train.eval_every=100 --config.train.checkpoint_every=100000 \
           --config.train.log_every=10
       done

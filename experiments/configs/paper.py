@@ -90,8 +90,8 @@ def get_config(argument="kda_340m"):
   # Keeps the matmuls' outputs and the Pallas kernels' results, recomputes the elementwise rest: within fla's
   # peak memory at the reference shape and within 3 % of no remat (benchmarks/train/).
   model.remat = "dots_kernels"
-  model.sdm_heads, model.sdm_num_slots, model.sdm_value_dim, model.sdm_key_dim = 2, 65536, 1024, 128
-  model.sdm_topk_write = model.sdm_topk_read = 128
+  model.sdm.num_heads, model.sdm.num_slots, model.sdm.value_dim, model.sdm.key_dim = 2, 65536, 1024, 128
+  model.sdm.topk_write = model.sdm.topk_read = 128
   config.model = model
   config.train = train_config(steps, 3e-4, warmup_steps=1024, log_every=50, eval_every=2048,
                               checkpoint_every=2048)

@@ -69,9 +69,9 @@ def study_model(mixer, vocab_size, *, num_layers, width):
                          head_dim=HEAD_DIM)
     model.pattern = {"attention": "A", "swa": "S", "sdm": "S" * (min(num_layers, 4) - 1) + "M"}[mixer]
   model.window = WINDOW
-  model.sdm_heads, model.sdm_num_slots = heads, SDM_SLOTS
-  model.sdm_topk_write = model.sdm_topk_read = SDM_TOPK
-  model.sdm_key_dim, model.sdm_value_dim = SDM_KEY_DIM, HEAD_DIM
+  model.sdm.num_heads, model.sdm.num_slots = heads, SDM_SLOTS
+  model.sdm.topk_write = model.sdm.topk_read = SDM_TOPK
+  model.sdm.key_dim, model.sdm.value_dim = SDM_KEY_DIM, HEAD_DIM
   return model
 
 

@@ -26,6 +26,7 @@ one compiled decode serves every context of a batch size; full attention compile
 """
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -36,13 +37,14 @@ from flax import nnx
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
 from sdm_jax.models import LanguageModel, layer_letters
 from sdm_jax.models.config import VARIANTS, variant_config
+from sdm_jax.training.config import dotted_field
 
 # The name of the full-attention model in a sweep: the peer every other model is compared with.
 ATTENTION = "attention"
 CHOICES = VARIANTS + (ATTENTION,)
 # The model fields a report's header shows; the JSON keeps every field of every model.
-SHOWN_FIELDS = ("width", "num_layers", "num_heads", "head_dim", "dtype", "window", "sdm_heads", "sdm_num_slots",
-                "sdm_topk_write", "sdm_topk_read", "sdm_value_dim")
+SHOWN_FIELDS = ("width", "num_layers", "num_heads", "head_dim", "dtype", "window", "sdm.num_heads", "sdm.num_slots",
+                "sdm.topk_write", "sdm.topk_read", "sdm.value_dim")
 MEASURED = ("ms_per_step", "tokens_per_s", "vs_attention", "compile_s", "temp_bytes", "device_peak_bytes")
 
 
@@ -72,9 +74,11 @@ def model_configs(variants, *, vocab_size, width, num_layers, num_heads, head_di
 
 def _override(config, item):
   field, _, value = item.partition("=")
-  if field not in config or not value:
-    raise ValueError(f"overrides: expected field=value with a field of {sorted(config)}, got {item!r}")
-  config[field] = type(config[field])(value)
+  if (found := dotted_field(config, field)) is None or not value:
+    raise ValueError(f"overrides: expected field=value with a field of {sorted(config)} (nested ones dotted, e.g. "
+                     f"sdm.num_slots), got {item!r}")
+  parent, name = found
+  parent[name] = type(parent[name])(value)
 
 
 def cache_bytes(model, batch, max_len):
@@ -241,7 +245,8 @@ def write_report(records, meta, out_dir, tag, *, plot=True):
   notes = []
   if meta.get("model_configs"):
     first = next(iter(meta["model_configs"].values()))
-    notes += ["- every model: " + ", ".join(f"{field}={first[field]}" for field in SHOWN_FIELDS)]
+    value = lambda field: functools.reduce(lambda d, name: d[name], field.split("."), first)
+    notes += ["- every model: " + ", ".join(f"{field}={value(field)}" for field in SHOWN_FIELDS)]
   notes += [
              "- method: greedy decoding of `steps` tokens in one jitted lax.scan of model.step, median of `reps` "
              "synchronised runs after a warm-up, from a cache init_cache(B, context + steps) entered at "

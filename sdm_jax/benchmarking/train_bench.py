@@ -20,6 +20,7 @@ import numpy as np
 
 from sdm_jax.models.costs import mixer_flops_per_token
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
+from sdm_jax.training.config import dotted_field
 
 # The H200's dense bf16 rate that model FLOPs utilisation is taken against (DESIGN.md section 7).
 PEAK_FLOPS = 790e12
@@ -173,11 +174,12 @@ def build_specs(configs, *, remats=(), peers=(), batch=None, seq_len=None, steps
         value = json.loads(value)
       except json.JSONDecodeError:
         pass
-      section, _, field = key.partition(".")
-      if section not in ("model", "train") or field not in config[section]:
-        raise ValueError(f"overrides: expected model.<field>=value or train.<field>=value of an existing field, "
-                         f"got {override!r}")
-      config[section][field] = value
+      found = dotted_field(config, key) if key.partition(".")[0] in ("model", "train") else None
+      if found is None:
+        raise ValueError(f"overrides: expected model.<field>=value or train.<field>=value of an existing field "
+                         f"(nested ones dotted, e.g. model.sdm.table_dtype), got {override!r}")
+      parent, name = found
+      parent[name] = value
     if batch and not any(o.partition("=")[0] == "train.gradient_accumulation_steps" for o in overrides):
       config.train.gradient_accumulation_steps = 1
     variant = path_variant.partition(":")[2] or path_variant

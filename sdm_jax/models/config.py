@@ -58,6 +58,20 @@ def mla_fields(head_dim):
       "rope_base": ml_collections.FieldReference(None, field_type=float)})
 
 
+def sdm_fields():
+  """Sparse Delta Memory's nested config: `layers.SparseDeltaMemory`'s arguments (DESIGN.md section 3), which the
+  layer takes as they are. num_heads, num_slots (N, a square), topk_write / topk_read (W, R), key_dim (each sub-key's
+  width), value_dim; impl ("auto": "pallas" on a GPU, else "chunk") and chunk_size (16-64, the chunk impl's); the
+  Pallas form's options, which trade exactness for memory and speed: rows_dtype ("float32", or "bfloat16": lossy,
+  gradients within ~2e-3), rows_segments (exact, replays the forward), table_dtype "bfloat16" (the table in bf16 while
+  the kernels run), table_grad_dtype "bfloat16" (the table's cotangent); address_impl ("xla", or "pallas": the fused
+  product-key kernel, the same slots)."""
+  return ml_collections.ConfigDict({
+      "num_heads": 2, "num_slots": 256, "topk_write": 8, "topk_read": 8, "value_dim": 32, "key_dim": 16,
+      "impl": "auto", "chunk_size": 16, "rows_dtype": "float32", "rows_segments": 1, "table_dtype": "float32",
+      "table_grad_dtype": "float32", "address_impl": "xla"})
+
+
 def default_config():
   """A ConfigDict with every field `LanguageModel` reads.
 
@@ -65,21 +79,17 @@ def default_config():
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory, "L" Multi-head Latent Attention (`mla`); the pattern is repeated or
   truncated to num_layers (`layer_kinds.LAYERS`).
-  impl / chunk_size select how the dense mixers run (chunk_size None: the impl's rule), sdm_impl / sdm_chunk_size
-  how the SDM runs ("auto", the default: "pallas" on a GPU, else "chunk"; SDM "pallas": a Pallas kernel for the row
-  work, chunk_size 16-64); none of them changes the parameters.
+  impl / chunk_size select how the dense mixers run ("auto", the default: "pallas" on a GPU, else "chunk"; chunk_size
+  None: the impl's rule); they do not change the parameters.
   delta: the dense layer's nested config (`delta_layer_fields`): which reference layer, and changes to it.
+  sdm: Sparse Delta Memory's nested config (`sdm_fields`), the layer's arguments; mla: Multi-head Latent
+  Attention's (`mla_fields`).
   mlp_hidden: the SwiGLU's hidden width (None: round(mlp_ratio * width)); norm_eps: the blocks' and the final
   RMSNorm's; init: how the embedding, the MLPs and the head start ("fla": N(0, 0.02) as fla's models; "lecun":
   flax's defaults). The dense layers start as their preset says.
   remat: what each block saves for the backward ("none", "block", "dots", "dots_kernels"; `lm.REMAT_POLICIES`),
-  which changes memory and speed, not results. sdm_rows_dtype ("float32", or "bfloat16": lossy, gradients
-  within ~2e-3) and sdm_rows_segments (exact, replays the forward) shrink what the SDM's Pallas backward keeps;
-  sdm_table_dtype "bfloat16" stores the SDM table in bf16 while its Pallas kernels run (lossy, faster);
-  sdm_table_grad_dtype "bfloat16" the table's cotangent in its Pallas backward (lossy gradients, fewer bytes).
-  sdm_address_impl: how the SDM finds its slots ("xla", or "pallas": the fused product-key kernel, the same slots).
-  sdm_key_dim is the width of each sub-key (each half of an SDM query). tie_embeddings: the output head is the
-  token embedding (no head parameters).
+  which changes memory and speed, not results. tie_embeddings: the output head is the token embedding (no head
+  parameters).
   """
   c = ml_collections.ConfigDict()
   c.vocab_size = 256
@@ -99,19 +109,7 @@ def default_config():
   c.mlp_hidden = ml_collections.FieldReference(None, field_type=int)
   c.norm_eps = 1e-6
   c.init = "fla"
-  c.sdm_heads = 2
-  c.sdm_num_slots = 256
-  c.sdm_topk_write = 8
-  c.sdm_topk_read = 8
-  c.sdm_value_dim = 32
-  c.sdm_key_dim = 16
-  c.sdm_impl = "auto"
-  c.sdm_chunk_size = 16
-  c.sdm_rows_dtype = "float32"
-  c.sdm_rows_segments = 1
-  c.sdm_table_dtype = "float32"
-  c.sdm_table_grad_dtype = "float32"
-  c.sdm_address_impl = "xla"
+  c.sdm = sdm_fields()
   c.dtype = "float32"
   c.remat = "none"
   c.tie_embeddings = False
@@ -127,7 +125,7 @@ def variant_config(variant, vocab_size, *, num_layers=2, width=128, num_heads=2,
   model.num_layers, model.width, model.num_heads = num_layers, width, num_heads
   model.head_dim = model.value_dim = head_dim
   model.mla = mla_fields(head_dim)
-  model.impl = model.sdm_impl = "auto"
+  model.impl = model.sdm.impl = "auto"
   if variant in MIXERS:
     model.mixer, model.pattern = variant, "D"
   else:

@@ -69,19 +69,16 @@ def _attention_flops(window):
 
 
 def _sdm(c, dtype, rngs):
-  return SparseDeltaMemory(c.width, num_heads=c.sdm_heads, num_slots=c.sdm_num_slots, topk_write=c.sdm_topk_write,
-                           topk_read=c.sdm_topk_read, key_dim=c.sdm_key_dim, value_dim=c.sdm_value_dim,
-                           impl=c.sdm_impl, chunk_size=c.sdm_chunk_size,
-                           rows_dtype=c.get("sdm_rows_dtype", "float32"), rows_segments=c.get("sdm_rows_segments", 1),
-                           table_dtype=c.get("sdm_table_dtype", "float32"),
-                           table_grad_dtype=c.get("sdm_table_grad_dtype", "float32"),
-                           address_impl=c.get("sdm_address_impl", "xla"), dtype=dtype, rngs=rngs)
+  if "sdm" not in c:
+    raise ValueError("model.sdm: expected Sparse Delta Memory's nested config (models.config.sdm_fields); this "
+                     "config has none (a run saved with the earlier flat model.sdm_* fields)")
+  return SparseDeltaMemory(c.width, **c.sdm, dtype=dtype, rngs=rngs)
 
 
 def _sdm_flops(c, seq_len):
   # The rows, 2 V (3 W + R), and the sub-key scores, 4 sqrt(N) key_dim, per head.
-  return c.sdm_heads * (2 * c.sdm_value_dim * (3 * c.sdm_topk_write + c.sdm_topk_read)
-                        + 4 * math.isqrt(c.sdm_num_slots) * c.sdm_key_dim * 2)
+  m = c.sdm
+  return m.num_heads * (2 * m.value_dim * (3 * m.topk_write + m.topk_read) + 4 * math.isqrt(m.num_slots) * m.key_dim * 2)
 
 
 def _mla(c, dtype, rngs):
@@ -101,5 +98,5 @@ def _mla_flops(c, seq_len):
 register(LayerKind("D", None, _delta, _delta_flops, "dense delta mixer (model.mixer, model.delta)"))
 register(LayerKind("S", "swa", _attention(True), _attention_flops(True), "sliding-window attention (model.window)"))
 register(LayerKind("A", "attention", _attention(False), _attention_flops(False), "full attention"))
-register(LayerKind("M", "sdm", _sdm, _sdm_flops, "Sparse Delta Memory (model.sdm_*)"))
+register(LayerKind("M", "sdm", _sdm, _sdm_flops, "Sparse Delta Memory (model.sdm)"))
 register(LayerKind("L", "mla", _mla, _mla_flops, "Multi-head Latent Attention (model.mla)"))

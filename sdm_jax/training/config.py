@@ -91,6 +91,17 @@ def _check_data(data):
     raise ConfigError(f"config.data.{line}" if re.match(r"\w+: ", line) else f"config.data: {line}") from None
 
 
+def dotted_field(config, field):
+  """(the ConfigDict that holds dotted `field`, e.g. "model.sdm.num_slots", and its last name), or None when no such
+  field exists (a section is not a field)."""
+  *parents, name = field.split(".")
+  for parent in parents:
+    config = config.get(parent) if hasattr(config, "keys") else None
+  if not hasattr(config, "keys") or name not in config or hasattr(config[name], "keys"):
+    return None
+  return config, name
+
+
 def _check_positive(config, fields):
   for field in fields:
     section, name = field.split(".")
@@ -136,8 +147,8 @@ def check_config(config, *, device_count=1):
   model = config.model
   check_choice("config.model.mixer", model.mixer, tuple(MIXERS))
   check_choice("config.model.impl", model.impl, (AUTO, *IMPLS))
-  check_choice("config.model.sdm_impl", model.sdm_impl, (AUTO, *IMPLS))
-  check_choice("config.model.sdm_address_impl", model.sdm_address_impl, (AUTO, *ADDRESS_IMPLS))
+  check_choice("config.model.sdm.impl", model.sdm.impl, (AUTO, *IMPLS))
+  check_choice("config.model.sdm.address_impl", model.sdm.address_impl, (AUTO, *ADDRESS_IMPLS))
   check_choice("config.model.remat", model.remat, tuple(REMAT_POLICIES))
   check_choice("config.model.dtype", model.dtype, tuple(DTYPES))
   _check_positive(config, ("train.steps", "train.log_every", "train.eval_every", "train.eval_batches",

@@ -10,8 +10,8 @@ from sdm_jax.benchmarking.decode_bench import ATTENTION, run_sweep
 
 SIZES = {"vocab_size": 32, "width": 16, "num_layers": 4, "num_heads": 2, "head_dim": 8}
 # A 4-slot window below both contexts, so the SDM hybrid's cache is full-sized at each.
-OVERRIDES = ["window=4", "sdm_num_slots=16", "sdm_topk_write=2", "sdm_topk_read=2", "sdm_value_dim=8",
-             "sdm_key_dim=4"]
+OVERRIDES = ["window=4", "sdm.num_slots=16", "sdm.topk_write=2", "sdm.topk_read=2", "sdm.value_dim=8",
+             "sdm.key_dim=4"]
 CONTEXTS, STEPS = (8, 24), 2
 
 

@@ -78,7 +78,7 @@ def test_measure_trains_on_packed_rows():
 def test_mixer_flops_count_each_letter():
   c = default_config()
   c.update(num_layers=4, pattern="DSAM", num_heads=2, head_dim=8, value_dim=4, chunk_size=16, window=6,
-           sdm_heads=3, sdm_value_dim=5, sdm_topk_write=2, sdm_topk_read=7, sdm_num_slots=64, sdm_key_dim=4)
+           sdm=dict(num_heads=3, value_dim=5, topk_write=2, topk_read=7, num_slots=64, key_dim=4))
   delta = 2 * (6 * 8 * 4 + 2 * 16 * (8 + 4))
   sliding, full = 2 * 4 * 8 * 6, 2 * 4 * 8 * 50
   sdm = 3 * (2 * 5 * (3 * 2 + 7) + 4 * 8 * 4 * 2)

@@ -23,7 +23,7 @@ def test_every_variant_builds():
     assert (model.num_layers, model.width, model.num_heads) == SHAPES[size], variant
     assert model.head_dim == model.value_dim == 128
     assert round(model.mlp_ratio * model.width) == SWIGLU[model.width]
-    assert (model.vocab_size, model.dtype, model.impl, model.sdm_impl) == (32000, "bfloat16", "auto", "auto")
+    assert (model.vocab_size, model.dtype, model.impl, model.sdm.impl) == (32000, "bfloat16", "auto", "auto")
     assert config.data.name == "corpus" and config.data.vocab_size == model.vocab_size
     assert config.data.seq_len == 4096
     assert len(layer_letters(model.pattern, model.num_layers)) == model.num_layers

@@ -19,8 +19,8 @@ def small_config(pattern, mixer="gdn2"):
   c = default_config()
   # chunk_size 16 with a 20-token prompt puts the prefill's end inside a chunk; window 6 < T wraps the ring.
   c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=MIXERS[mixer].value_dim(16, 8),
-           mixer=mixer, pattern=pattern, num_layers=len(pattern), chunk_size=16, window=6, sdm_num_slots=64,
-           sdm_topk_write=4, sdm_topk_read=3, sdm_key_dim=8, sdm_value_dim=8, sdm_chunk_size=8)
+           mixer=mixer, pattern=pattern, num_layers=len(pattern), chunk_size=16, window=6,
+           sdm=dict(num_slots=64, topk_write=4, topk_read=3, key_dim=8, value_dim=8, chunk_size=8))
   return c
 
 

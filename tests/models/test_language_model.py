@@ -16,8 +16,8 @@ B, T = 2, 24
 def small_config(pattern, mixer="gdn2", **overrides):
   c = default_config()
   c.update(vocab_size=64, width=32, num_heads=2, head_dim=16, value_dim=8, mixer=mixer, pattern=pattern,
-           num_layers=len(pattern), chunk_size=16, window=6, sdm_num_slots=64, sdm_topk_write=4, sdm_topk_read=3,
-           sdm_key_dim=8, sdm_value_dim=8, sdm_chunk_size=8)
+           num_layers=len(pattern), chunk_size=16, window=6,
+           sdm=dict(num_slots=64, topk_write=4, topk_read=3, key_dim=8, value_dim=8, chunk_size=8))
   c.update(**overrides)
   return c
 
@@ -129,8 +129,7 @@ def test_pattern_is_repeated_or_truncated():
 
 def test_default_config_has_every_field():
   fields = {"vocab_size", "num_layers", "width", "num_heads", "head_dim", "value_dim", "mixer", "pattern", "impl",
-            "chunk_size", "window", "mlp_ratio", "sdm_heads", "sdm_num_slots", "sdm_topk_write", "sdm_topk_read",
-            "sdm_value_dim", "sdm_key_dim", "dtype"}
+            "chunk_size", "window", "mlp_ratio", "delta", "sdm", "mla", "dtype"}
   config = default_config()
   assert fields <= set(config.keys())
   assert (config.width, config.num_layers, config.num_heads, config.head_dim) == (64, 2, 2, 32)
@@ -149,8 +148,8 @@ def test_sdm_options_of_the_config_reach_the_op(monkeypatch):
                         "table_dtype": "float32", "table_grad_dtype": "float32"})
 
   monkeypatch.setattr(ops, "sparse_delta_rule", recording)
-  config = small_config("SM", sdm_rows_dtype="bfloat16", sdm_rows_segments=2, sdm_table_dtype="bfloat16",
-                        sdm_table_grad_dtype="bfloat16")
+  config = small_config("SM", sdm=dict(rows_dtype="bfloat16", rows_segments=2, table_dtype="bfloat16",
+                                       table_grad_dtype="bfloat16"))
   model = LanguageModel(config, rngs=nnx.Rngs(0))
   assert np.isfinite(float(cross_entropy(model, tokens(0))))
   assert seen == [{"rows_dtype": "bfloat16", "rows_segments": 2, "table_dtype": "bfloat16",

@@ -18,10 +18,10 @@ from sdm_jax.training.sweep_summary import mixer_label
 def small(pattern):
   c = default_config()
   c.pattern, c.num_layers, c.vocab_size, c.width, c.window = pattern, len(pattern), 64, 32, 8
-  c.num_heads, c.head_dim, c.value_dim, c.sdm_heads, c.sdm_num_slots, c.sdm_value_dim, c.sdm_key_dim = (
+  c.num_heads, c.head_dim, c.value_dim, c.sdm.num_heads, c.sdm.num_slots, c.sdm.value_dim, c.sdm.key_dim = (
       2, 16, 16, 2, 64, 16, 8)
   c.mla.kv_lora_rank, c.mla.qk_nope_head_dim, c.mla.qk_rope_head_dim, c.mla.v_head_dim = 32, 16, 8, 16
-  c.impl = c.sdm_impl = "chunk"
+  c.impl = c.sdm.impl = "chunk"
   return c
 
 

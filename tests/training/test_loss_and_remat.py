@@ -21,8 +21,8 @@ def rel(x, ref):
 def small_model(remat="none", pattern="DS", dtype="float32", impl="auto"):
   c = default_config()
   c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=8, pattern=pattern, num_layers=len(pattern),
-           chunk_size=16, window=6, sdm_num_slots=64, sdm_topk_write=4, sdm_topk_read=3, sdm_key_dim=8,
-           sdm_value_dim=8, sdm_chunk_size=8, remat=remat, dtype=dtype, impl=impl, sdm_impl=impl)
+           chunk_size=16, window=6, remat=remat, dtype=dtype, impl=impl,
+           sdm=dict(num_slots=64, topk_write=4, topk_read=3, key_dim=8, value_dim=8, chunk_size=8, impl=impl))
   return LanguageModel(c, rngs=nnx.Rngs(0))
 
 
