@@ -13,7 +13,7 @@ Three launches, the forward's in reverse:
                   block, added to those terms: dq, du, de and dg (in place). With one decay per head (G and dg
                   [B, T, H]) grid (B, H, N): plain dots with dT and dAqk times one [C, C] decay matrix, every key
                   block in one program, since all of them add to the head's one dg.
-Splitting pass 4 off was faster on the H200 than one launch (2026-11-30, benchmarks/sessions/2026-11-30_h200_session7.md).
+Splitting pass 4 off is faster on the H200 than one launch (benchmarks/ops/README.md, launch settings).
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
 `chunk_math.decayed_grams_bwd`, then one reverse cumsum, and the terms of u * exp(G_C - G) through
@@ -248,9 +248,8 @@ class IntraChunkBwdSettings:
   @classmethod
   def default(cls, chunk_size):
     """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
-    # key blocks and warps: benchmarks/sessions/2026-11-30_h200_session7.md (section 4); 2 stages of the first launch and
-    # 4-row sub-blocks: benchmarks/sessions/2026-11-30_h200_session9.md; value_block not swept. The one-decay pass 4
-    # takes the per-channel one's key block and warps, untimed.
+    # Key blocks, warps, stages and sub-blocks from the H200 sweeps; value_block not swept; the one-decay pass 4
+    # takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md, launch settings).
     warps = 2 if chunk_size <= 32 else 4
     return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
                sub_block=4)

@@ -5,13 +5,13 @@ Four launches:
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and Aqk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
               exponent <= 0; a decay shared by all channels, GDN's, needs only plain dots times one
-              [C, C] decay matrix, faster for GDN's op forward: benchmarks/sessions/2026-11-30_h200_session12.md).
+              [C, C] decay matrix, faster for GDN's op forward: benchmarks/ops/README.md, launch settings).
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
               R = U - Y S, o = q~ S + Aqk R, S <- exp(G_C) S + u~^T R.
 (`intra_chunk` is gram_solve and solved.) Splitting the per-chunk work in two launches, A going through memory,
-was faster on the H200 than one launch doing both (2026-11-30, benchmarks/sessions/2026-11-30_h200_session7.md):
+is faster on the H200 than one launch doing both (benchmarks/ops/README.md, launch settings):
 each launch holds fewer registers.
 
 The decays are formed once per chunk in `solved` rather than in every value tile of the state
@@ -284,8 +284,7 @@ class ChunkCumsumSettings:
 
   @classmethod
   def default(cls):
-    # 2, 4 and 8 warps within a few percent of each other at chunk 32 and 64 on the H200 (call 1's prep step,
-    # benchmarks/sessions/2026-11-30_h200_session10.md).
+    # 2, 4 and 8 warps are within a few percent of each other at chunk 32 and 64 on the H200 (benchmarks/ops/README.md, launch settings).
     return cls(num_warps=4)
 
 
@@ -293,7 +292,7 @@ def chunk_cumsum(g, chunk_size, interpret=False, *, keep=None, settings=None):
   """G [B, T, H, K] fp32: the cumsum of g within each chunk (T a multiple of chunk_size), one chunk per program;
   g [B, T, H] (one decay per head) gives G [B, T, H].
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
-  plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/sessions/2026-11-30_h200_session9.md).
+  plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/ops/README.md, launch settings).
   keep: None, or for packed documents [B, T] int32, nonzero where g counts (g is taken as 0 elsewhere: padding and
   document starts), so that g needs no masking pass of its own. settings: `ChunkCumsumSettings` (None: its default)."""
   settings = ChunkCumsumSettings.default() if settings is None else settings
@@ -345,10 +344,7 @@ class IntraChunkSettings:
   @classmethod
   def default(cls, chunk_size):
     """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
-    # key_block and warps: benchmarks/sessions/2026-11-30_h200_session7.md (section 4; chunk 64), then key_block 32 at
-    # chunk 32 with 4-row sub-blocks: benchmarks/sessions/2026-11-30_h200_session9.md; solve blocks 64 at 4 warps:
-    # benchmarks/sessions/2026-11-30_h200_session7.md (call 2) and benchmarks/sessions/2026-11-30_h200_session10.md; solved's 2
-    # stages: benchmarks/sessions/2026-11-30_h200_session10.md.
+    # Key blocks, sub-blocks, warps and stages from the H200 sweeps (benchmarks/ops/README.md, launch settings).
     return cls(key_block=32, sub_block=4, num_warps=2 if chunk_size <= 32 else 4, solve_key_block=64,
                solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2)
 
@@ -467,9 +463,8 @@ class StatePassSettings:
     C (3K + C + block_v) itemsize bytes of shared memory; up to 3, as many as fit with 16 KiB to spare, at least 1
     (a request above the limit fails at compile time). shared_memory: the bytes one program may use (None: those
     of this machine's first device, `shared_memory_bytes`)."""
-    # block_v: both state passes over block_v 16 / 32 / 64 and B 1 to 8 at H 16 on the H200,
-    # benchmarks/sessions/2026-11-30_h200_session12.md (section 3), where 2 and 8 warps were no faster than 4. Stages: 1 / 2 / 3
-    # stages of both passes, and the compile failures above the limit, benchmarks/sessions/2026-11-30_h200_session8.md.
+    # block_v, warps and stages: both state passes swept on the H200, where 2 and 8 warps were no faster than 4 and a
+    # request above the shared-memory limit failed to compile (benchmarks/ops/README.md, launch settings).
     if block_v is None:
       block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= 128), 16)
     block_v = min(block_v, V)

@@ -7,8 +7,8 @@ A mixer gives q, k, v, its log decay g, its other gates and `build(k, v, *gates)
   no kernel reads them back.
 - `mixer_inputs`: one Pallas launch per (batch, head, block of rows) reads each input once and writes q, u, e,
   z in the io dtype, which the backward kernels read again. The forward for gradients uses it. Done by XLA,
-  the l2norm of q and k, build and the casts were three or four fusions that read k twice (slower on the H200:
-  benchmarks/sessions/2026-11-30_h200_session9.md). Its launch settings: `MixerInputsSettings`.
+  the l2norm of q and k, build and the casts are three or four fusions that read k twice (slower on the H200:
+  benchmarks/ops/README.md, launch settings). Its launch settings: `MixerInputsSettings`.
 
 The backward of both is XLA's: autodiff of the reference forming (`sdm_jax/ops/inputs.py`), the same arithmetic
 on whole arrays (which is also how the other impls form their inputs). g is not read here; it goes to the rule as it is.
@@ -147,8 +147,8 @@ class MixerInputsSettings:
 
   @classmethod
   def default(cls):
-    # 16 to 64 rows at 4 or 8 warps all within a few percent of each other, near the byte floor, for GDN-2 and
-    # KDA inputs on the H200 (call 1's prep step, benchmarks/sessions/2026-11-30_h200_session10.md).
+    # 16 to 64 rows at 4 or 8 warps are within a few percent of each other, near the byte floor, for GDN-2 and
+    # KDA inputs on the H200 (benchmarks/ops/README.md, launch settings).
     return cls(rows=32, num_warps=4)
 
 

@@ -122,7 +122,7 @@ class ProductKeySettings:
   def for_shape(cls, n, num_pairs):
     """The rule for n sub-keys per half and num_pairs candidate rank pairs."""
     # Not swept: impl="xla" stays the default, the kernel being far slower than XLA's top-k path on the H200
-    # (benchmarks/sessions/2026-11-30_h200_session11.md). num_warps: the live register tiles (one half's scores plus the
+    # (benchmarks/ops/README.md, launch settings). num_warps: the live register tiles (one half's scores plus the
     # candidate sums and slots) at <= ~64 words a thread each.
     block_rows, n_pad = 16, _pow2(n)
     elements = block_rows * (n_pad + 2 * _pow2(num_pairs))

@@ -112,8 +112,8 @@ def _math_rows(raw, m0_ref, at, fresh, dtype):
 def _token_inputs(t, **refs):
   """Token t's entry of each per-token input, by name: a scalar from a [T] ref, a row [n] from a [T, n] one (v and
   d_o, [T, bv] tiles, keep [1, bv]). The kernels load these a token ahead and carry them: loaded where they are
-  needed, each was a memory round trip of its own on every token's dependent chain (Nsight Compute on the forward,
-  2026-12-02: over half its stall samples waited on them, not on the table's rows)."""
+  needed, each is a memory round trip of its own on every token's dependent chain (Nsight Compute on the forward:
+  over half its stall samples waited on them, not on the table's rows; benchmarks/sdm/README.md)."""
   return {name: ref[t] if ref.ndim == 1 else ref[pl.ds(t, 1), :] if name in ("v", "d_o") else ref[t, :]
           for name, ref in refs.items()}
 
@@ -158,9 +158,8 @@ def _fwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, decay_ref, beta_ref, v_ref, q_id
     if save:  # the rows it found: what the backward's math (unpacked: its undo too) takes
       rows_ref[0][t - rows_from] = rows.astype(rows_ref[0].dtype)
     _write(table_ref, x, k_rows, rows, barrier)
-    # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (the
-    # kernel 20.664 -> 19.025 ms at B 4, T 4096, H 2, V 1,024, W = R = 128 on the H200; 2026-11-30,
-    # benchmarks/sessions/2026-11-30_h200_session12.md).
+    # Token t's read and token t + 1's write rows are gathered together: one memory round trip per token (faster;
+    # benchmarks/ops/README.md, launch settings).
     read = gather(x["q_idx"])
     following = gather(x_next["k_idx"])
     if save and packed:  # the rows it read: the packed backward has no table
@@ -202,8 +201,7 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
   or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
-  settings (the H200 bench shape, B 4, T 4096, H 2, V 1,024, inputs loaded a token ahead): block_v 64 with 8 warps
-  18.3 ms for the forward alone, 32 with 4 19.4 (benchmarks/sdm/2026-12-02_h200_sdm_launch.md).
+  settings: block_v 64 with 8 warps, the fastest measured (benchmarks/sdm/README.md, launch settings).
   Packed documents (the module docstring): table None, table_dtype the table's (fp32 or bf16; default m0's), m0
   [H, N, V] or [B, H, N, V], fp32 or the table's dtype (its rows rounded to that dtype as they are loaded), k_idx and
   q_idx coded (~slot where the token's run has not written the slot); the rows
@@ -274,9 +272,8 @@ def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref
     d_o = x["d_o"].astype(f32)
     # Every row the token reads, in one round trip: M_t at the read slots (packed: saved) and dM there (packed: dM0's
     # part at the stale ones), and, unpacked, dM at the write slots before the read's addition, which k_read supplies.
-    # Packed, those are gathered after the read's store: gathered in this round trip they spilled registers (544
-    # bytes a thread offline, against 16 this way) and the packed op ran 146 ms fwd+bwd against 99 (H100,
-    # benchmarks/sdm/2026-12-06_h100_s24_packed_sdm_vs_9f3ee0e.md).
+    # Packed, those are gathered after the read's store: gathered in this round trip they spill registers and the
+    # packed op is slower (benchmarks/sdm/README.md, launch settings).
     read = (reads_ref[t] if packed else table_ref[q_rows]).astype(f32)
     d_read = _table_rows(d_table_ref, q_rows, q_fresh).astype(f32)
     if packed:
@@ -335,11 +332,8 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   not read that slot (`sdm_jax.ops.sparse_pallas.read_at_writes`). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
-  Launch settings: one wave of programs. At the H200 bench shape block_v 32 with 8 warps needs 176 registers a
-  thread, so one program a multiprocessor and two waves of 256 programs (58.3 ms, Nsight Compute); block_v 64 with 8
-  warps runs 128 programs in one (47.4 ms; 32 with 4 warps 50.9; benchmarks/sdm/2026-12-02_h200_sdm_launch.md). With
-  the one round trip a token (255 registers offline at block_v 64, 8 warps) it is still the fastest of five launches
-  with a bf16 table on an H100 (benchmarks/sdm/2026-12-06_h100_s23_sdm_launch_bf16.md).
+  Launch settings: one wave of programs (block_v 64 with 8 warps at the bench shape), the fastest measured with fp32
+  and bf16 tables (benchmarks/sdm/README.md, launch settings).
 
   Packed documents (the module docstring): table None, the coded k_idx, q_idx as for the forward, rows and reads the
   packed forward's (the rows each token found and read); d_m0 [B, H, N, V] fp32, the cotangent of m0 so far (updated

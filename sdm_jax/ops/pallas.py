@@ -23,9 +23,8 @@ from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops.segments import chunk_documents
 from sdm_jax.ops.validation import on_gpu
 
-# Chunk 128 is not offered: on the H200 its backward kernel asks for more shared memory than a program may have
-# (262,144 of 232,448 bytes) and its forward per-chunk kernels took 7.2 ms at B 4, T 4096, H 16 against 0.85 at
-# chunk 32 (2026-11-30, benchmarks/sessions/2026-11-30_h200_session8.md).
+# Chunk 128 is not offered: its backward kernel asks for more shared memory than a program may have, and its forward
+# per-chunk kernels are several times slower than chunk 32's (benchmarks/ops/README.md, launch settings).
 PALLAS_CHUNK_SIZES = (16, 32, 64)
 
 
@@ -37,12 +36,9 @@ class PallasOpSettings:
   @classmethod
   def default(cls):
     """The rule: chunk 32 on every device."""
-    # Chunk 32 was faster than 64 for the op's forward and forward+backward on the H200, bf16, H 16, K = V = 128,
-    # in the per-channel kernels (KDA's and GDN-2's): at 4 x 4096, fwd 1.149 against 1.582 ms and fwd+bwd 4.873
-    # against 5.818 (benchmarks/sessions/2026-11-30_h200_session9_call1.txt, branch gathered-rows, the "pallas op"
-    # rows), and at 1 x 16384, 1.734 / 6.173 against 1.796 / 6.631 (benchmarks/sessions/2026-11-30_h200_session8.md,
-    # section 2, "Chunk 32 against 64"). Chunk 16 has not been timed. Off the GPU (interpret mode) nothing was
-    # recorded; 32 keeps the kernels the GPU runs.
+    # Chunk 32 is the fastest forward+backward of the per-channel kernels (KDA's and GDN-2's) on the H200 and the H100
+    # (benchmarks/ops/README.md, the H100 chunk-size table and the launch settings). Off the GPU (interpret mode)
+    # nothing was measured; 32 keeps the kernels the GPU runs.
     return cls(chunk_size=32)
 
 

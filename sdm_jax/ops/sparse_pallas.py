@@ -2,7 +2,7 @@
 
 The kernels move only the rows each token touches (W + R gathers and W writes per token and head, the
 byte floor of the update), with no per-chunk algebra: at the H200 bench shape the chunked form's
-coefficients and re-gathered rows cost more than the rows themselves (benchmarks/, 2026-11-30). Here XLA
+coefficients and re-gathered rows cost more than the rows themselves (benchmarks/sdm/README.md). Here XLA
 forms the per-token weights the kernels need (a slot's summed weight within its token and its first entry, from a
 sort of each token's entries; with distinct slots, the entries' own weights, every entry first; for the backward,
 each write slot's read weight at its token, `read_at_writes`, unpacked only), and a custom_vjp
@@ -21,8 +21,7 @@ exact. It changes the forward (lossy, like a bf16 state) and its gradients are t
 rounded states; the accuracy against the fp32 table is in benchmarks/sdm/README.md. table_grad_dtype="bfloat16"
 stores the table's cotangent dM in bf16 while the backward walks the tokens (each row of dM rounded as it is stored,
 the math in fp32; dM0 of packed documents and the returned gradient of m0 stay fp32): dM is 4 of the backward's 5.5
-row sets with a bf16 table, so this cuts its bytes further (the op's forward+backward 64.2 -> 52.7 ms with a bf16
-table, the hybrid's step 1.60x -> 1.44x the dense GDN model's: H100, benchmarks/sdm/README.md, session 24). It
+row sets with a bf16 table, so this cuts its bytes further (benchmarks/sdm/README.md, launch settings). It
 changes only the gradients (lossy).
 
 Packed documents (starts, DESIGN.md section 9) run the kernels' packed variants (`pallas_kernels.sparse_tokens`):
@@ -141,7 +140,7 @@ def _codes(k, q, run_start, N, one_key=None):
   time order, so an entry's latest earlier write of its slot is the last write entry before its group (the entries
   of one token and kind with that slot). The key is one uint32, row-head * N + slot, where it fits (one_key=None):
   one batch with an unsigned key is what XLA's sort rewriter gives to CUB's radix sort on Hopper (a sort batched
-  over rows and heads, as before session 29, stays XLA's own at these sizes); else two int32 keys."""
+  over rows and heads stays XLA's own at these sizes); else two int32 keys."""
   B, H, T, W = k.shape
   E = W + q.shape[-1]
   slot = jnp.concatenate([k, q], axis=-1).reshape(B * H, T * E)
