@@ -1,5 +1,5 @@
 """Registers and spills of the SDM token kernels for an H200 (sm_90), without a GPU: how the launch defaults of
-`pallas_kernels.sparse_tokens` were chosen in session 19 (2026-12-02). Two steps, two interpreters:
+`pallas_kernels.sparse_tokens` were chosen (benchmarks/sdm/README.md, launch settings). Two steps, two interpreters:
 
     .venv/bin/python benchmarks/kernel_registers.py dump DIR ["{'bwd': {'block_v': 64, 'num_warps': 8}}"]
     .venv/bin/python benchmarks/kernel_registers.py dump DIR "{'table': 'bfloat16', 'd_table': 'bfloat16'}"

@@ -4,7 +4,7 @@ then its forward and backward once, nothing timed.
     python benchmarks/ncu_target.py sdm [T N V]        # the SDM op: B 4, H 2, W = R = 128, T 4096, N 65,536, V 1,024
     python benchmarks/ncu_target.py gdn2 [chunk_size]  # a dense mixer: B 4, T 4096, H 16, K = V = 128, bf16, chunk 64
 
-It imports jax, numpy, sdm_jax.ops and the benchmarks' input builders alone: in session 18 two targets that imported
+It imports jax, numpy, sdm_jax.ops and the benchmarks' input builders alone: two targets that imported
 the timed benchmarking modules (`experiments.bench --what=sdm`, and a script over `sdm_jax.benchmarking.sdm_bench`)
 died with a segmentation fault as soon as ncu attached; why was not found. A small shape runs on the CPU too
 (`sdm 8 512 16`)."""
@@ -22,7 +22,7 @@ from sdm_jax.ops import sparse_delta_rule
 def sdm_op(T=4096, N=65536, V=1024):
   floats, ints = sdm_inputs(4, T, 2, N, V, 128, 128, 0)
   # The indices are arguments, not constants: closed over, XLA constant-folded the op's index sorts (46-58 s a
-  # compile on the H200, 2026-12-02).
+  # compile on the H200).
   return lambda a: sparse_delta_rule(**a[0], **a[1], impl="pallas")[0], (floats, ints)
 
 

@@ -284,7 +284,8 @@ class ChunkCumsumSettings:
 
   @classmethod
   def default(cls):
-    # 2, 4 and 8 warps are within a few percent of each other at chunk 32 and 64 on the H200 (benchmarks/ops/README.md, launch settings).
+    # 2, 4 and 8 warps are within a few percent of each other at chunk 32 and 64 on the H200
+    # (benchmarks/ops/README.md, launch settings).
     return cls(num_warps=4)
 
 

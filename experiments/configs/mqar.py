@@ -33,10 +33,9 @@ def get_config(variant="gdn2"):
   else:
     # Zoology's MQAR (vocab 8192, 16 pairs in 128 tokens). The head is tied to the embedding, as in Zoology's
     # models: untied, a recalled value's logit needs its own head row, which only that value's targets train, and
-    # every mixer stayed at chance (loss ln 4096) for 1,000 steps on the H200 (benchmarks/sessions/
-    # 2026-11-29_h200_session2.md; the CPU runs of benchmarks/recall/README.md learn only tied). Tied, at batch 128,
-    # GDN-2 learns it on the H200 (benchmarks/recall/README.md, session 16): eval accuracy 0.9995 at lr 3e-3 (0.9950 at
-    # 1e-2, which leaves the plateau 200 steps later), 73 s for the 3,000 steps.
+    # every mixer stays at chance (loss ln 4096) for 1,000 steps on the H200 (benchmarks/mqar/2026-11-29_h200_mqar/).
+    # Tied, at batch 128, GDN-2 learns it on the H200 to an eval accuracy of 0.9995 at lr 3e-3 (1e-2 leaves the
+    # plateau later; benchmarks/recall/README.md and its older sections).
     data.seq_len, data.batch_size = 128, 128
     data.num_kv_pairs = data.num_queries = 16
     config.model = model_config(variant, data.vocab_size)

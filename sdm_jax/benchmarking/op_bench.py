@@ -2,7 +2,7 @@
 registry's `ops` mode.
 
 Each (mixer, impl, chunk size, B x T) is timed for the forward and for forward+backward (jax.value_and_grad of
-sum(o * r) w.r.t. every input) with SPEC.md section 7's two timers, over calls that rotate between 3 input sets:
+sum(o * r) w.r.t. every input) with DESIGN.md section 7's two timers, over calls that rotate between 3 input sets:
 the median of `reps` warm runs (on the GPU, device kernel time: `timing.median_ms`), and the host clock around
 `reps` back-to-back calls (`timing.back_to_back_ms`: dispatch and launch gaps included). A config that fails (OOM,
 an impl not built) is recorded with its error and the sweep goes on. With breakdown, one more warm run of each is

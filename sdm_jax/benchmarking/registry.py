@@ -9,7 +9,7 @@ returns (records, paths), and `check_settings(settings)`, which raises ValueErro
 modules are imported only when their mode runs.
 
 `bench(..., base=<commit>)` times the same mode in another tree beside this one, as fla's benchmark runner does
-(benchmarks/ops/run.py there copies the runner beside each commit's package): the commit is written to a
+(fla's ops runner, `run.py`, copies the runner beside each commit's package): the commit is written to a
 temporary directory (`git archive`) and this tree's harness (`HARNESS`) is laid over it, so both trees are timed
 by the same code and only the code under it differs. Each tree runs in a process of its own, one after the other,
 so each has the device to itself (this process never starts JAX's backend); their reports stay under

@@ -113,7 +113,7 @@ def median_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
 def back_to_back_ms(fn, arg_sets, reps, sync=jax.block_until_ready):
   """The host clock around `reps` back-to-back calls of fn(*arg_sets[i % len(arg_sets)]) after a warm call of each
   set, one sync(result) at the end, per call (ms): what a training loop sees, launch gaps and dispatch included
-  (SPEC.md section 7's second timer)."""
+  (DESIGN.md section 7's second timer)."""
   for args in arg_sets:
     sync(fn(*args))
   start = time.perf_counter()

@@ -57,7 +57,7 @@ def test_json_outputs_write_non_finite_numbers_as_null(tmp_path):
 
 def test_no_test_imports_a_command_line_tool():
   """absl flags are global: two tools that define one flag name, imported into one pytest worker, raise
-  DuplicateFlagError (a CI failure of session 14). Tests call the libraries, and the tools only in subprocesses."""
+  DuplicateFlagError (a CI failure). Tests call the libraries, and the tools only in subprocesses."""
   tools = {path.stem for path in (ROOT / "experiments").glob("*.py") if "flags.DEFINE" in path.read_text()}
   assert {"train", "bench", "prepare_data"} <= tools
   pattern = re.compile(r"^\s*(?:from experiments import ([\w, ]+)|(?:from|import) experiments\.(\w+))", re.M)

@@ -1,4 +1,4 @@
-"""Shared pieces of the ops tests: random mixer inputs, the SPEC section 6 loss and error measure.
+"""Shared pieces of the ops tests: random mixer inputs, the DESIGN.md section 6 loss and error measure.
 
 Inputs are a dict in call order -- q, k, v, g, the mixer's gates, then "initial_state" (an array
 or None) -- so one helper calls any mixer and differentiates with respect to every array in it.
@@ -16,7 +16,7 @@ from sdm_jax.ops.registry import gate_shapes
 
 MIXERS = tuple(ops.MIXERS)  # the registry's names, in its order
 GATE_MODES = ("random", "zero", "one", "binary", "interior")
-# SPEC section 6: fp32 (outputs, gradients) tolerances against the scan, per impl.
+# DESIGN.md section 6: fp32 (outputs, gradients) tolerances against the scan, per impl.
 FP32_TOL = {"chunk": (1e-5, 1e-5), "pallas": (1e-4, 1e-3)}
 
 
@@ -102,7 +102,7 @@ def cotangents(o_shape, state_shape, seed, dtype=jnp.float32):
 
 
 def loss(o, final_state, r_o, r_s):
-  """SPEC section 6: sum(o * r_o) + sum(S_T * r_s), accumulated in the weights' dtype."""
+  """DESIGN.md section 6: sum(o * r_o) + sum(S_T * r_s), accumulated in the weights' dtype."""
   return jnp.sum(o.astype(r_o.dtype) * r_o) + jnp.sum(final_state.astype(r_s.dtype) * r_s)
 
 

@@ -1,8 +1,8 @@
 """impl="chunk" and impl="pallas" (interpret mode on CPU) in fp32 against the float64 scan: outputs,
-final state and every gradient (SPEC section 6); for pallas also the forward without gradients, whose kernels
+final state and every gradient (DESIGN.md section 6); for pallas also the forward without gradients, whose kernels
 form u, e, z from the mixer's inputs themselves.
 
-Each axis of the SPEC sweep (T, decay strength, gate extremes, initial state, chunk size, where the
+Each axis of DESIGN.md section 6's sweep (T, decay strength, gate extremes, initial state, chunk size, where the
 keys are normalised) is covered by a few cases per mixer rather than by the full product.
 """
 
@@ -53,7 +53,7 @@ def _weights(mixer, T, seed, dtype=jnp.float32):
   return cotangents((B, T, H, Vm), (B, H, K, Vm), seed, dtype)
 
 
-# The full product of SPEC section 6's sweep, behind the `slow` marker (about 2 hours on 2 cores).
+# The full product of DESIGN.md section 6's sweep, behind the `slow` marker (about 2 hours on 2 cores).
 FULL_SWEEP = [
     Config(T=T, h0=h0, chunk=chunk, l2norm=True,
            variants=tuple((decay, gates) for decay in (0.01, 1.0, 30.0, "mixed")

@@ -28,7 +28,7 @@ def _forward(mixer, impl="chunk"):
 @pytest.mark.parametrize("impl", ["chunk", "pallas"])
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_bf16_matches_fp32_scan(mixer, impl):
-  """SPEC section 6: bf16 inputs within 1e-2 of the fp32 scan on the same (bf16-rounded) values."""
+  """DESIGN.md section 6: bf16 inputs within 1e-2 of the fp32 scan on the same (bf16-rounded) values."""
   T, seed = 65, seed_of("bf16", mixer)
   bf16_inputs = cast(_inputs(mixer, T, seed), jnp.bfloat16)  # the initial state stays fp32
   assert bf16_inputs["initial_state"].dtype == jnp.float32

@@ -1,4 +1,4 @@
-"""The SPEC section 1 reductions between mixers, on scan and on chunk, outputs and gradients.
+"""The DESIGN.md section 1 reductions between mixers, on scan and on chunk, outputs and gradients.
 
 GDN-2 with b = w = beta (a per-head scalar) is KDA; KDA with the same decay in every channel is
 GDN; FG2-GDN+ with beta_k = beta_v is FG2-GDN. A gate shared by several arguments of the general

@@ -1,6 +1,6 @@
 """impl="scan" (the ground truth of every other test) against float64 NumPy loops.
 
-Each loop is written from its mixer's own state update in SPEC section 1, not from the shared
+Each loop is written from its mixer's own state update in DESIGN.md section 1, not from the shared
 (u, e, z) table the implementation uses, so a wrong entry in that table cannot hide here.
 """
 

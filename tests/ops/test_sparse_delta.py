@@ -256,7 +256,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
   """Two value tiles of 16 columns and fewer warps against the default launch (one tile of 32): o, the final table
   and the gradients of m0 and v (per value column) are the same bits in interpret mode; the per-entry and per-token
   gradients (sums over the tiles) agree to fp32 rounding. On a GPU the per-column values agree to fp32 rounding too:
-  Triton sums a tile's rows in an order set by its warp layout (o differed by 2 ulp on an H100, session 24). With
+  Triton sums a tile's rows in an order set by its warp layout (o differs by 2 ulp on an H100). With
   packed documents and a replayed rows segment, the other kernels' launches. Every kernel call gets its launch
   (forward, the replay's forward, backward)."""
   from sdm_jax.ops import sparse_pallas
@@ -455,7 +455,7 @@ def test_backward_memory_does_not_grow_with_t_times_n(impl):
 
 @pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
                    reason="XLA's GPU backend keeps three table-sized copies of the chunked form (an optimization "
-                          "barrier's, a scatter fusion's, m0's): sessions 17, 19, 24; impl='auto' runs Pallas there")
+                          "barrier's, a scatter fusion's, m0's); impl='auto' runs Pallas there")
 def test_no_table_copy_per_chunk():
   """Forward and backward update the [B, H, N, V] table in place: the compiled program copies a
   table-sized buffer at most once (the argument it must not overwrite), never once per chunk. Holds on the CPU

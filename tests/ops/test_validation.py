@@ -1,4 +1,4 @@
-"""Bad input raises ValueError naming the argument (SPEC section 5); nothing is silently broadcast.
+"""Bad input raises ValueError naming the argument (DESIGN.md section 5); nothing is silently broadcast.
 
 The messages are matched on the argument's name only, as a whole word, so their wording is free.
 Also the default impl "auto": the chunk (or xla) program off the GPU, "pallas" when the backend is a GPU.

@@ -49,7 +49,7 @@ def _brute_gram(x, y, G):
 
 
 @pytest.mark.parametrize("C,sub", [(16, 16), (64, 16), (64, 8), (32, 32)])
-@pytest.mark.parametrize("decay", [0.05, 30.0])  # per-step log decay scale: mild, and the SPEC's strongest
+@pytest.mark.parametrize("decay", [0.05, 30.0])  # per-step log decay scale: mild, and DESIGN.md section 6's strongest
 def test_decayed_grams_elementwise_blocks_and_tree_match_brute_force(C, sub, decay):
   """Pairs inside sub-row blocks (elementwise) and across them (the tree's dots) together give every
   pair c < r once, forward and backward, also with g down to -30 per step (no inf, no NaN)."""

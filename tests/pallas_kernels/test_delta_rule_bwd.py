@@ -104,7 +104,7 @@ H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)
 
 @pytest.mark.parametrize("chunk_size,dtype,block_v,want", [
     (32, jnp.bfloat16, 32, 3), (64, jnp.bfloat16, 32, 3), (64, jnp.bfloat16, 16, 3),  # ran on the H200 at 3 stages
-    # asked 282,624 bytes at 2 stages / 286,720 at 3 there: compile failures (session 8)
+    # asked 282,624 bytes at 2 stages / 286,720 at 3 there: compile failures
     (128, jnp.bfloat16, 32, 1), (64, jnp.float32, 16, 1),
 ])
 def test_state_stages_fit_the_shared_memory_measured_on_the_h200(chunk_size, dtype, block_v, want):

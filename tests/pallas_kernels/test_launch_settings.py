@@ -35,7 +35,7 @@ def test_state_passes(chunk_size, dtype, stages):
 
 @pytest.mark.parametrize("batch,block_v", [(8, 64), (4, 64), (2, 32), (1, 16)])
 def test_state_block_v_at_the_measured_batches(batch, block_v):
-  """Session 12's picks at B x T = 32,768 tokens, H 16 (benchmarks/sessions/2026-11-30_h200_session12.md)."""
+  """The measured picks at B x T = 32,768 tokens, H 16 (benchmarks/ops/README.md, launch settings)."""
   settings = StatePassSettings.for_shape(32, batch, H, K, V, jnp.bfloat16, shared_memory=H200)
   assert settings.block_v == block_v
 
@@ -43,7 +43,7 @@ def test_state_block_v_at_the_measured_batches(batch, block_v):
 def test_memory_bound_launches_and_addressing():
   assert ChunkCumsumSettings.default() == ChunkCumsumSettings(num_warps=4)
   assert MixerInputsSettings.default() == MixerInputsSettings(rows=32, num_warps=4)
-  # The addressing bench: n = 256 sub-keys per half, k = 128 (benchmarks/sessions/2026-11-30_h200_session11.md).
+  # The addressing bench: n = 256 sub-keys per half, k = 128 (benchmarks/ops/README.md, launch settings).
   num_pairs = len(candidate_rank_pairs(128, 128)[0])
   assert ProductKeySettings.for_shape(256, num_pairs) == ProductKeySettings(block_rows=16, block_cols=128,
                                                                             num_warps=16)

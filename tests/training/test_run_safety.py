@@ -96,7 +96,7 @@ def test_a_flipped_bit_is_caught_moved_aside_and_saved_again(finished_run, run_c
   Evaluation skips it and leaves it; the resumed run moves it aside, trains steps 3-4 from checkpoint 2 and saves
   step 4 again, bitwise the checkpoint of the run that was never damaged. The fingerprints are compared before the
   finiteness check, so the report is the same whether the flip gives other finite numbers or non-finite ones (the
-  stored chunks are compressed, so a flipped bit can decode to anything: the session-24 and stop-43 CI failures of
+  stored chunks are compressed, so a flipped bit can decode to anything: two CI failures of
   this test were flips that read back as non-finite, reported by the finiteness check first)."""
   data = max((run_copy / "checkpoints" / "4" / "model").rglob("d/*"), key=lambda p: p.stat().st_size)
   damaged = bytearray(data.read_bytes())

@@ -152,7 +152,7 @@ def test_shards_split_one_sweep_between_processes(demo, tmp_path):
 
 def test_shards_writing_the_sweep_file_at_once_do_not_collide(tmp_path):
   # The shards of one sweep write sweep.json at the same moment; with one shared temporary name one writer's rename
-  # took the other's file away (FileNotFoundError on the H100, session 25).
+  # took the other's file away (FileNotFoundError on an H100).
   path, errors = tmp_path / sweep.SWEEP, []
 
   def writer(index):
