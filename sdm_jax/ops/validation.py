@@ -58,13 +58,19 @@ def check_options(impl, chunk_size, *, rule=False):
   integer (not a bool, a float or a string) and a power of two, or None where the op has a rule for it (rule=True:
   the dense ops, `delta_rule.chunk_size_of`)."""
   impl = resolve_impl(impl)
+  check_chunk_size(chunk_size, rule=rule)
+  return impl
+
+
+def check_chunk_size(chunk_size, *, rule=False):
+  """ValueError naming chunk_size unless it is an integer power of two (not a bool, a float or a string), or None
+  where the op has a rule for it (rule=True)."""
   if chunk_size is None and rule:
-    return impl
+    return
   if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1
       or int(chunk_size) & (int(chunk_size) - 1)):
     expected = "None (the impl's rule) or a power of two" if rule else "a power of two"
     raise ValueError(f"chunk_size: expected {expected} (16, 32, 64, 128), got {chunk_size!r}")
-  return impl
 
 
 def check_scale(scale):
