@@ -26,7 +26,6 @@ one compiled decode serves every context of a batch size; full attention compile
 """
 
 import dataclasses
-import functools
 import math
 import time
 
@@ -245,7 +244,9 @@ def write_report(records, meta, out_dir, tag, *, plot=True):
   notes = []
   if meta.get("model_configs"):
     first = next(iter(meta["model_configs"].values()))
-    value = lambda field: functools.reduce(lambda d, name: d[name], field.split("."), first)
+    def value(field):
+      parent, name = dotted_field(first, field)
+      return parent[name]
     notes += ["- every model: " + ", ".join(f"{field}={value(field)}" for field in SHOWN_FIELDS)]
   notes += [
              "- method: greedy decoding of `steps` tokens in one jitted lax.scan of model.step, median of `reps` "

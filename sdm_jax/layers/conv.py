@@ -1,10 +1,9 @@
 """The short causal depthwise convolution that the delta-rule layers put after the q, k, v projections."""
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.layers.init import torch_conv
+from sdm_jax.layers.init import torch_default
 from sdm_jax.ops.segments import document_index
 
 
@@ -17,7 +16,7 @@ class CausalConv(nnx.Module):
   row's first document).
   """
 
-  def __init__(self, channels, *, kernel_size=4, use_bias=False, kernel_init=torch_conv, dtype=jnp.float32, rngs):
+  def __init__(self, channels, *, kernel_size=4, use_bias=False, kernel_init=torch_default, dtype=jnp.float32, rngs):
     # Default: PyTorch's Conv1d init (fan_in = kernel_size for a depthwise conv), as in the papers' code.
     self.kernel = nnx.Param(kernel_init(rngs.params(), (kernel_size, channels), jnp.float32))
     self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32)) if use_bias else None

@@ -15,14 +15,9 @@ def normal(std):
   return jax.nn.initializers.normal(std)
 
 
-def torch_linear(key, shape, dtype=jnp.float32):
-  """PyTorch's default Linear weight: kaiming_uniform(a=sqrt 5), which is U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-  bound = 1 / math.sqrt(shape[0])
-  return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-def torch_conv(key, shape, dtype=jnp.float32):
-  """PyTorch's default depthwise Conv1d weight, [kernel_size, channels]: U(+-1/sqrt(kernel_size))."""
+def torch_default(key, shape, dtype=jnp.float32):
+  """PyTorch's default weight for a Linear (kaiming_uniform(a=sqrt 5)) and a depthwise Conv1d alike:
+  U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = shape[0] (in for a kernel [in, out], kernel_size for [kernel_size, C])."""
   bound = 1 / math.sqrt(shape[0])
   return jax.random.uniform(key, shape, dtype, -bound, bound)
 
@@ -36,9 +31,9 @@ def xavier(gain):
 
 
 # Linear weight initialisers by name; their biases start at zero in every reference.
-LINEAR_INITS = {"normal": lambda std: normal(std), "torch": lambda std: torch_linear,
+LINEAR_INITS = {"normal": lambda std: normal(std), "torch": lambda std: torch_default,
                 "xavier": lambda std: xavier(2**-2.5), "lecun": lambda std: jax.nn.initializers.lecun_normal()}
-CONV_INITS = {"normal": lambda std: normal(std), "torch": lambda std: torch_conv}
+CONV_INITS = {"normal": lambda std: normal(std), "torch": lambda std: torch_default}
 
 
 def linear_init(name, std=0.02):

@@ -57,11 +57,6 @@ def mlp_hidden(config):
   return config.get("mlp_hidden") or round(config.mlp_ratio * config.width)
 
 
-def make_mixer(letter, config, *, dtype, rngs):
-  """The token mixer of pattern letter `letter` (`layer_kinds.LAYERS`)."""
-  return LAYERS[letter].build(config, dtype, rngs)
-
-
 class TiedHead(nnx.Module):
   """The output head that is the token embedding: logits = x E^T. `kernel` is E^T [width, vocab] (what the loss
   reads as model.head.kernel[...]); it owns no parameters of its own."""
@@ -99,7 +94,7 @@ class LanguageModel(nnx.Module):
     init, width, norm_eps = MODEL_INITS[init], config.width, config.get("norm_eps", 1e-6)
     self.embed = nnx.Embed(config.vocab_size, width, dtype=dtype, embedding_init=init["embed"], rngs=rngs)
     self.blocks = nnx.List([
-        Block(make_mixer(letter, config, dtype=dtype, rngs=rngs), width, mlp_hidden=mlp_hidden(config),
+        Block(LAYERS[letter].build(config, dtype, rngs), width, mlp_hidden=mlp_hidden(config),
               norm_eps=norm_eps, mlp_init=init["linear"], dtype=dtype, rngs=rngs)
         for letter in layer_letters(config.pattern, config.num_layers)])
     self.final_norm = RMSNorm(width, eps=norm_eps)

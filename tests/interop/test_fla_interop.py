@@ -14,7 +14,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from sdm_jax.interop import fla_config, fla_layer, load_fla, save_fla
-from sdm_jax.interop.fla import _model_config, _model_path
+from sdm_jax.interop.fla import _flat_state, _model_config, _model_path
 from sdm_jax.models.config import default_config
 from sdm_jax.models.lm import LanguageModel
 
@@ -70,16 +70,12 @@ def test_the_fla_init_preset_matches_fla_s_fresh_model():
   for kind in MODEL_TYPES:
     golden = json.loads((GOLDEN / f"init_{kind}.json").read_text())
     config = _model_config(dict(golden["shape"], model_type=MODEL_TYPES[kind]), "test")
-    model = LanguageModel(config, rngs=nnx.Rngs(0))
-    ours = {}
-    state = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-      ours[tuple(getattr(k, "key", k) for k in path)] = np.asarray(leaf)
+    ours = _flat_state(LanguageModel(config, rngs=nnx.Rngs(0)))
     for name, stats in golden["tensors"].items():
       if name == "lm_head.weight" and config.tie_embeddings:
         continue
       path, _ = _model_path(config.mixer, name)
-      x = ours[path]
+      x = np.asarray(ours[path])
       assert x.size == stats["numel"], name
       if stats["numel"] < 1000:  # A_log, dt_bias, norms: their ranges are tested with the layer
         continue
