@@ -120,14 +120,20 @@ def presets(mixer):
   return PRESETS.get(mixer, DEFAULT_PRESETS)
 
 
+def preset_name(mixer, preset):
+  """The preset that `preset` names for `mixer`: "default" is "official" where the mixer has one, else "fla"."""
+  if preset == "default":
+    return "official" if "official" in presets(mixer) else "fla"
+  return preset
+
+
 def layer_config(mixer, preset="default", **changes):
   """The DeltaLayerConfig of `mixer`'s preset with `changes` (DeltaLayerConfig fields; output_gate may be a dict).
 
   preset "default" is the paper's own layer where its code is public ("official"), else fla's.
   """
   available = presets(mixer)
-  if preset == "default":
-    preset = "official" if "official" in available else "fla"
+  preset = preset_name(mixer, preset)
   if preset not in available:
     raise ValueError(f"preset: {mixer} has presets {('default', *available)}, got {preset!r}")
   fields = {f.name for f in dataclasses.fields(DeltaLayerConfig)}

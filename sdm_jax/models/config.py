@@ -3,7 +3,7 @@
 import ml_collections
 
 from sdm_jax import ops
-from sdm_jax.layers.delta import layer_config
+from sdm_jax.layers.delta import layer_config, preset_name
 
 MIXERS = tuple(ops.MIXERS)  # every registered dense mixer is a pattern "D" variant of its own name
 # (mixer for "D", pattern, layers): GDN-2 alternating with sliding-window attention, FG2-GDN 3 : 1 Multi-head Latent
@@ -32,7 +32,8 @@ def delta_layer_fields(preset="default"):
 
 def delta_layer(config):
   """The `DeltaLayerConfig` a model config's dense layers are built with: config.delta's preset of config.mixer,
-  with the fields config.delta sets."""
+  with the fields config.delta sets; with fla's preset the output norm's eps is the model's norm_eps unless set, as
+  in fla's models."""
   fields = config.get("delta") or {"preset": "default"}
   fields = fields.to_dict() if hasattr(fields, "to_dict") else dict(fields)
   preset = fields.pop("preset", "default")
@@ -45,6 +46,8 @@ def delta_layer(config):
     changes["decay_rank"] = rank(changes["decay_rank"])
   if gate:
     changes["output_gate"] = gate
+  if "norm_eps" not in changes and preset_name(config.mixer, preset) == "fla":
+    changes["norm_eps"] = float(config.get("norm_eps", 1e-6))  # fla's models give every layer the model's norm_eps
   return layer_config(config.mixer, preset, **changes)
 
 

@@ -97,3 +97,13 @@ def test_the_model_config_selects_and_changes_a_preset():
   layer = delta_layer(c)
   assert layer.output_gate.activation == "silu" and layer.output_gate.rank == 16 and layer.decay_rank == "full"
   assert layer.output_gate.bias and layer.linear_init == "normal"  # the rest is fla's
+
+
+def test_fla_preset_in_a_model_takes_the_models_norm_eps_as_fla_models_do():
+  c = default_config()
+  c.mixer, c.delta.preset, c.norm_eps = "kda", "fla", 1e-6
+  assert delta_layer(c).norm_eps == 1e-6
+  c.delta.norm_eps = 1e-5  # set: kept
+  assert delta_layer(c).norm_eps == 1e-5
+  c.delta.norm_eps, c.delta.preset = None, "official"  # the paper's code: its own layer's eps
+  assert delta_layer(c).norm_eps == PRESETS["kda"]["official"].norm_eps
