@@ -54,6 +54,9 @@ def default_config(steps=1000, learning_rate=1e-3, *, warmup_steps=100, log_ever
   train.wandb_project = ""
   # "FIRST,LAST" (or "STEP"): a jax.profiler trace of those training steps in <workdir>/profile ("": none).
   train.profile_steps = ""
+  # Stop at the first evaluation whose accuracy reaches this (0: train every step): that step is the run's last, and
+  # its steps-to-threshold (loop.final_step). Not resumable: a run's length must not depend on which call ran it.
+  train.stop_at_accuracy = 0.0
   return train
 
 
@@ -191,6 +194,10 @@ def _check_train(train, batch_size, device_count):
   if not isinstance(train.wandb_project, str):
     raise ConfigError(f"config.train.wandb_project: expected a project name or \"\", got {train.wandb_project!r}")
   parse_profile_steps(train.profile_steps)
+  target = train.stop_at_accuracy
+  if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1:
+    raise ConfigError(f"config.train.stop_at_accuracy: expected an accuracy in (0, 1], or 0 to train every step, "
+                      f"got {target!r}")
 
 
 def check_batch(config, device_count):

@@ -165,11 +165,39 @@ def _check_finite(fetched, checkpoints):
                              f"{_last_good(checkpoints)}")
 
 
+def _log_window(window, step, logged, progress, tokens_per_step, metrics_log, log):
+  """Logs the means of the training metrics in `window` (then emptied) at `step`; returns step (the last logged)."""
+  record = {"split": "train", "step": step, **window_means(window)}
+  window.clear()
+  log(progress.line(step, record, tokens_per_step * (step - logged)))
+  if progress.tokens_per_s is not None:
+    record["tokens_per_s"] = progress.tokens_per_s
+  metrics_log.write(record)
+  return step
+
+
 def _plot(metrics_log, path, log):
   try:
     plot_metrics(metrics_log.read(), path)
   except Exception as error:  # a plot is not worth hiding why the run stopped
     log(f"warning: could not plot {path} ({type(error).__name__}: {error})")
+
+
+def target_step(records, target):
+  """The step of the first evaluation record (metrics.jsonl's split "eval") whose accuracy reaches `target`, or None
+  (also for target 0: nothing is looked for)."""
+  if not target:
+    return None
+  return min((r["step"] for r in records if r.get("split") == "eval" and r.get("accuracy", -1.0) >= target),
+             default=None)
+
+
+def final_step(workdir, train_config):
+  """The step a run of `train_config` (the run's config.train, a ConfigDict or a dict) ends at in workdir: its first
+  evaluation that reached train.stop_at_accuracy, else train.steps (also for a config saved before that field)."""
+  target = train_config.get("stop_at_accuracy", 0.0)
+  reached = target_step(MetricsLog(workdir, writes=False).read(), target) if target else None
+  return train_config["steps"] if reached is None else reached
 
 
 def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log=print):
@@ -180,9 +208,11 @@ def train(config, workdir, *, resume=True, overwrite=False, stop_after=None, log
   and data are built. Steps are dispatched without waiting for them: their metrics stay on the device until a
   log, eval or checkpoint step, where they come back together and every loss and gradient norm since the last
   such step is checked, and a checkpoint is saved only from a state whose arrays are all finite; otherwise
-  TrainingDiverged. SIGINT / SIGTERM stop the run at the next step boundary, save a checkpoint there (its metrics
-  finite) and raise TrainingInterrupted (in a multi-process run, all processes at the next multiple of log_every
-  steps, whichever of them was signalled: `StopSignals.requested`). The plot is written however the run ends.
+  TrainingDiverged. An evaluation whose accuracy reaches train.stop_at_accuracy (when set) ends the run there, with a
+  checkpoint: the run's final step (`final_step`); a call on a run that already did returns at once. SIGINT / SIGTERM
+  stop the run at the next step boundary, save a checkpoint there (its metrics finite) and raise TrainingInterrupted
+  (in a multi-process run, all processes at the next multiple of log_every steps, whichever of them was signalled:
+  `StopSignals.requested`). The plot is written however the run ends.
 The logged training metrics are their means over the steps since the last log; the records go to metrics.jsonl,
 TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (`metrics.StepProfiler`).
   """
@@ -220,8 +250,13 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
       metrics_log.truncate(step)  # the records of steps past the checkpoint belong to a run that was lost
       if step:
         log(f"resumed from step {step} ({checkpoints.directory})")
+      target = train_cfg.get("stop_at_accuracy", 0.0)
+      reached = target_step(metrics_log.read(), target)
+      if reached is not None:  # the target cannot change between calls, so the checkpoint restored is that step's
+        log(f"the evaluation at step {reached} reached train.stop_at_accuracy = {target}: the run ended there")
       progress = Progress(step, train_cfg.steps)
       last = train_cfg.steps if stop_after is None else min(train_cfg.steps, step + stop_after)
+      last = step if reached is not None else last
       tokens_per_step = config.data.batch_size * config.data.seq_len
       step_fn = TrainStep(model, optimizer, loss_chunk_tokens=train_cfg.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
                           gradient_accumulation_steps=train_cfg.get("gradient_accumulation_steps", 1))
@@ -246,13 +281,7 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
         _check_finite(fetched, checkpoints)
         window += [metrics for _, metrics in fetched]
         if log_now:
-          record = {"split": "train", "step": step, **window_means(window)}
-          window.clear()
-          log(progress.line(step, record, tokens_per_step * (step - logged)))
-          logged = step
-          if progress.tokens_per_s is not None:
-            record["tokens_per_s"] = progress.tokens_per_s
-          metrics_log.write(record)
+          logged = _log_window(window, step, logged, progress, tokens_per_step, metrics_log, log)
         if eval_now or save_now:
           step_fn.sync()  # the model and optimizer hold donated arrays until now
         pause = time.perf_counter()
@@ -260,6 +289,13 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
           result = evaluate(model, config, mesh)
           metrics_log.write({"split": "eval", "step": step, **result})
           log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
+          if target and result["accuracy"] >= target:
+            reached = step
+            log(f"accuracy {result['accuracy']:.4f} reached train.stop_at_accuracy = {target} at step {step}: "
+                f"the run ends here")
+            if window:  # the steps since the last log are this run's last
+              logged = _log_window(window, step, logged, progress, tokens_per_step, metrics_log, log)
+            save_now = True
         if save_now:
           try:
             checkpoints.save(step, model, optimizer, data_state, config)
@@ -271,6 +307,8 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
           raise TrainingDataError(f"{stop.data_error}; stopped at step {step}. {_last_good(checkpoints)}")
         if stopping and step < last:
           raise TrainingInterrupted(stop.signum, step, checkpoints.latest_step(), checkpoints.directory)
+        if reached is not None:
+          break
       if stop.data_error is not None:  # met at this call's first batch: nothing trained since the checkpoint
         raise TrainingDataError(f"{stop.data_error}; stopped at step {step}. {_last_good(checkpoints)}")
     finally:

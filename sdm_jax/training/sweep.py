@@ -390,11 +390,12 @@ def run_sweep(runs, *, runner, log=print, workdir=None, description=None):
 
 
 def _run_all(runs, runner, log, stop):
+  from sdm_jax.training.loop import final_step
   outcomes = {}
   for index, run in enumerate(runs, 1):
     if stop.signum is not None:
       raise SweepInterrupted(f"stopped by {signal.Signals(stop.signum).name} before {run.name}", stop.signum)
-    state = status(run.directory, run.config.train.steps, run.eval_points)
+    state = status(run.directory, final_step(run.directory, run.config.train), run.eval_points)
     prefix = f"[{index}/{len(runs)}] {run.name}"
     if state == "done":
       log(f"{prefix}: done, skipped")
@@ -427,11 +428,13 @@ def run_one(run_dir, *, eval_batches=None, log=print, train_fn=None, evaluate_fn
   spec = json.loads((run_dir / POINT).read_text())
   if eval_batches:
     config.train.eval_batches = eval_batches
-  steps = config.train.steps
+  from sdm_jax.training.loop import final_step
+  steps = final_step(run_dir, config.train)  # train.steps, or where an evaluation reached train.stop_at_accuracy
   if steps not in checkpoint_steps(run_dir):
     if train_fn is None:
       from sdm_jax.training.loop import train as train_fn
     train_fn(config, run_dir, log=log)
+    steps = final_step(run_dir, config.train)
   final = _read_json(run_dir / EVAL)
   written, missing = _missing_points(run_dir, steps, spec["eval_points"])
   if final is not None and final.get("step") == steps and not missing:
@@ -534,8 +537,9 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
   if count > 1:
     log(f"sweep: shard {index}/{count}: {len(mine)} of the {len(runs)} run(s)")
   if dry_run:
+    from sdm_jax.training.loop import final_step
     for run in mine:
-      log(f"  {run.name}: {status(run.directory, run.config.train.steps, run.eval_points)}")
+      log(f"  {run.name}: {status(run.directory, final_step(run.directory, run.config.train), run.eval_points)}")
     return {}
   if runner is None and in_process:
     import jax
