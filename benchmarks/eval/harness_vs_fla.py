@@ -64,8 +64,10 @@ def write_tasks(out, held, questions, documents):
   import random
   rng = random.Random(0)
   chunks = [t[i:i + CONTEXT + CONTINUATION] for t in held
-            for i in range(0, len(t) - CONTEXT - CONTINUATION, 4 * (CONTEXT + CONTINUATION))]
+            for i in range(0, len(t) - CONTEXT - CONTINUATION, CONTEXT + CONTINUATION)]
   rng.shuffle(chunks)
+  if len(chunks) < questions + documents:
+    sys.exit(f"the held-out files give {len(chunks)} chunks; expected at least {questions + documents}")
   rows = []
   for chunk in chunks[:questions]:
     others = rng.sample([c for c in chunks if c is not chunk], CHOICES - 1)
