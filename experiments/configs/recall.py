@@ -1,25 +1,37 @@
-r"""The recall study (issue 24): every mixer on MQAR (Zoology's protocol) and on RULER's S-NIAH and MK-NIAH, at
-matched parameter counts, the SDM hybrid at the dense GDN model's FLOPs per token.
+r"""The recall study (issues 24 and 48): every mixer on MQAR (Zoology's protocol) and on RULER's S-NIAH and MK-NIAH,
+at matched parameter counts, the SDM hybrid and its control at the dense GDN model's FLOPs per token.
 
   python -m experiments.sweep --config=experiments/configs/recall.py:mqar_gdn \
-      --grid='variant=mqar_gdn|mqar_kda|mqar_sdm|mqar_attention' --seeds=3 --workdir=runs/recall_mqar
+      --grid='variant=mqar_gdn|mqar_kda|mqar_sdm|mqar_attention' --seeds=5 --workdir=runs/recall_mqar
 
-Variants "<task>_<mixer>" or "<task>_<mixer>_w<width>":
+Variants "<task>_<mixer>[_w<width>][_lr<rate>]":
   task   mqar (vocab 8192; mixed numbers of key-value pairs, sdm_jax/data/mqar.py) or one of RULER's
          s_niah_1, s_niah_2, s_niah_3, mk_niah_1, mk_niah_2, mk_niah_3 (bytes; sdm_jax/data/niah.py RULER_TASKS)
   mixer  a dense mixer of the registry (gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2: every layer "D"), attention (every
          layer "A"), swa (every layer "S"), sdm (sliding-window attention then Sparse Delta Memory: "SM" at 2 layers,
-         "SSSM" at 4, DESIGN.md section 3's 3 : 1)
+         "SSSM" at 4, DESIGN.md section 3's 3 : 1), swa_gdn (the sdm hybrid's control: GDN in SDM's place, "SD" and
+         "SSSD")
   width  64, 128 or 256 (default 128), heads of 64 channels (width / 64 of them); MQAR models have 2 layers
          (Zoology's), NIAH models 4.
+  rate   the peak learning rate, e.g. "_lr3e-3" (default: the task's, below): the protocol runs each model at the
+         rate its pilot picked (benchmarks/recall/protocol.sh), one sweep for every model.
 
 Matched models (models.costs): every variant's SwiGLU hidden width is solved so that its blocks (mixers, MLPs,
 norms; not the embedding, head or SDM table) hold as many parameters as the GDN model of that task and width with
-the usual 4 x width SwiGLU; the sdm variant's instead so that its training FLOPs per token equal that GDN model's
-(its tables are memory, 2 x 4096 x 64 per SDM layer at width 128, and add state, not FLOPs).
+the usual 4 x width SwiGLU; the sdm and swa_gdn variants' instead so that their training FLOPs per token equal that
+GDN model's (SDM's tables are memory, 2 x 4096 x 64 per SDM layer at width 128, and add state, not FLOPs). SDM writes
+and reads W = R = 64 slots a token, the GDN state's d_k (HEAD_DIM): the iso-FLOP comparison of the SDM paper.
 tests/experiments/test_recall_configs.py holds both within 5 %. Sliding windows are 32 tokens: a window whose keys
 and values hold as many numbers as a dense mixer's state (H x 32 x 2 x 64 = H x 64 x 64).
+
+The protocol (issue 48; benchmarks/recall/README.md "Protocol", run by benchmarks/recall/protocol.sh): every run
+stops at its first evaluation whose accuracy reaches STOP_AT_ACCURACY (train.stop_at_accuracy; the step is its
+steps-to-threshold) or at the task's steps; each model's learning rate is picked from LEARNING_RATES on a pilot;
+MQAR goes across state pressure (PRESSURE_POINTS: pairs from a quarter of d_k to 4 d_k per head) at
+PRESSURE_WIDTHS; SEEDS seeds; a seed succeeds at SUCCESS accuracy; CLAIMS are the papers' claims it decides.
 """
+
+import re
 
 import ml_collections
 
@@ -29,7 +41,7 @@ from sdm_jax.data.niah import RULER_TASKS
 from sdm_jax.training.config import close_names
 
 TASKS = ("mqar", *RULER_TASKS)
-STUDY_MIXERS = (*MIXERS, "attention", "swa", "sdm")
+STUDY_MIXERS = (*MIXERS, "attention", "swa", "sdm", "swa_gdn")
 WIDTHS = (64, 128, 256)
 DEFAULT_WIDTH = 128
 HEAD_DIM = 64
@@ -40,23 +52,61 @@ NAMES = tuple(f"{task}_{mixer}" for task in TASKS for mixer in STUDY_MIXERS)
 # MQAR, Zoology's protocol (Arora et al. 2023, section 3 and appendix E): vocabulary 8192, keys and values from
 # separate halves of it, 2-layer models of widths 64-256, trained on a mix of numbers of key-value pairs.
 MQAR_VOCAB = 8192
-# SDM layers at the study's scale: a 64 x 64 product-key table of 64-channel rows per head, top-16 write and read.
-SDM_SLOTS, SDM_TOPK, SDM_KEY_DIM = 4096, 16, 32
+# SDM layers at the study's scale: a 64 x 64 product-key table of 64-channel rows per head; W = R = HEAD_DIM slots
+# written and read a token (the SDM paper's iso-FLOP setting against a dense state of d_k = HEAD_DIM).
+SDM_SLOTS, SDM_TOPK, SDM_KEY_DIM = 4096, HEAD_DIM, 32
+# The hybrids: their last layer is SDM's (or GDN's, the control), the others sliding windows, 3 : 1 at 4 layers.
+HYBRID_LAST_LAYER = {"sdm": "M", "swa_gdn": "D"}
+
+# The protocol (module docstring). Zoology sweeps log-spaced learning rates between 1e-4 and 1e-2 per model; below
+# 1e-3 no model here left the loss plateau in 1,500 steps (benchmarks/history/recall.md), so the grid starts there.
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+STOP_AT_ACCURACY = 0.99
+SUCCESS = 0.9
+SEEDS = 5
+# (seq_len, pairs): queries = pairs, trained on the halvings of the pairs down to 4 and evaluated at the pairs alone;
+# seq_len = 4 x pairs (the pairs and their queries fill it), at least 128. Pairs / d_k per head: 0.25 to 4.
+PRESSURE_POINTS = ((128, 16), (128, 32), (256, 64), (512, 128), (1024, 256))
+PRESSURE_WIDTHS = (128, 256)
+# The learning-rate pilot: MQAR at d_k pairs per head, where the models differ but learn.
+PILOT_WIDTH, PILOT_POINT = 128, (256, 64)
+MQAR_STEPS, NIAH_STEPS = 4000, 6000
+# The papers' claims the study decides: (claim, [(A, B): A is claimed to beat B], the tasks that bear on it).
+# Models are STUDY_MIXERS names.
+CLAIMS = (
+    ("GDN-2 beats KDA and GDN on multi-key retrieval (GDN-2 paper: MK-NIAH-1 at 4K, 37.8 vs 28.0 vs 27.8)",
+     (("gdn2", "kda"), ("gdn2", "gdn")), ("mqar", "mk_niah_1", "mk_niah_2", "mk_niah_3")),
+    ("SDM beats GDN on RULER at iso-FLOP (SDM paper: 31.2 vs 20.0); the control: SDM, not the windows",
+     (("sdm", "gdn"), ("sdm", "swa_gdn")), ("mqar", *RULER_TASKS)),
+    ("FG2-GDN(+) beats KDA and GDN on single- and multi-key retrieval",
+     (("fg2_gdn", "kda"), ("fg2_gdn", "gdn"), ("fg2_gdn_plus", "kda"), ("fg2_gdn_plus", "gdn")),
+     ("mqar", *RULER_TASKS)),
+)
+_RATE = re.compile(r"_lr(\d+(?:\.\d*)?(?:e-?\d+)?)$")
 
 
 def parse_variant(variant):
-  """'mqar_gdn_w64' -> ('mqar', 'gdn', 64); ValueError naming the variant, with the close names, otherwise."""
+  """'mqar_gdn_w64' -> ('mqar', 'gdn', 64, None), 'mqar_gdn_lr3e-3' -> ('mqar', 'gdn', 128, 0.003); ValueError naming
+  the variant, with the close names, otherwise."""
+  rate = _RATE.search(variant)
+  name = variant[:rate.start()] if rate else variant
   for task in sorted(TASKS, key=len, reverse=True):
-    if not variant.startswith(task + "_"):
+    if not name.startswith(task + "_"):
       continue
-    mixer, width = variant[len(task) + 1:], DEFAULT_WIDTH
+    mixer, width = name[len(task) + 1:], DEFAULT_WIDTH
     head, _, suffix = mixer.rpartition("_w")
     if head and suffix.isdigit():
       mixer, width = head, int(suffix)
-    if mixer in STUDY_MIXERS and width in WIDTHS:
-      return task, mixer, width
-  raise ValueError(f"config variant: expected <task>_<mixer>[_w<width>] with a task in {TASKS}, a mixer in "
-                   f"{STUDY_MIXERS} and a width in {WIDTHS}, got {variant!r}{close_names(variant, NAMES)}")
+    if mixer in STUDY_MIXERS and width in WIDTHS and (rate is None or float(rate.group(1)) > 0):
+      return task, mixer, width, float(rate.group(1)) if rate else None
+  raise ValueError(f"config variant: expected <task>_<mixer>[_w<width>][_lr<rate>] with a task in {TASKS}, a mixer "
+                   f"in {STUDY_MIXERS}, a width in {WIDTHS} and a rate above 0, got {variant!r}"
+                   f"{close_names(name, NAMES)}")
+
+
+def variant_name(task, mixer, width, rate=None):
+  """parse_variant's inverse: ('mqar', 'gdn', 128, 0.003) -> 'mqar_gdn_w128_lr0.003'."""
+  return f"{task}_{mixer}_w{width}" + (f"_lr{rate:g}" if rate is not None else "")
 
 
 def study_model(mixer, vocab_size, *, num_layers, width):
@@ -67,7 +117,8 @@ def study_model(mixer, vocab_size, *, num_layers, width):
   else:
     model = model_config(REFERENCE, vocab_size, num_layers=num_layers, width=width, num_heads=heads,
                          head_dim=HEAD_DIM)
-    model.pattern = {"attention": "A", "swa": "S", "sdm": "S" * (min(num_layers, 4) - 1) + "M"}[mixer]
+    hybrid = {name: "S" * (min(num_layers, 4) - 1) + last for name, last in HYBRID_LAST_LAYER.items()}
+    model.pattern = {"attention": "A", "swa": "S", **hybrid}[mixer]
   model.window = WINDOW
   model.sdm.num_heads, model.sdm.num_slots = heads, SDM_SLOTS
   model.sdm.topk_write = model.sdm.topk_read = SDM_TOPK
@@ -92,7 +143,7 @@ def match(model, reference, seq_len, by):
 
 
 def get_config(variant="mqar_gdn"):
-  task, mixer, width = parse_variant(variant)
+  task, mixer, width, rate = parse_variant(variant)
   config = ml_collections.ConfigDict()
   config.seed = 0
   if task == "mqar":
@@ -101,13 +152,18 @@ def get_config(variant="mqar_gdn"):
     data.num_kv_pairs = data.num_queries = 16
     data.min_kv_pairs = 4  # examples of 16, 8 and 4 pairs
     num_layers = 2
-    config.train = train_config(4000, 3e-3, warmup_steps=100, log_every=50, eval_every=500, checkpoint_every=500)
+    config.train = train_config(MQAR_STEPS, 3e-3, warmup_steps=100, log_every=50, eval_every=250,
+                                checkpoint_every=500)
   else:
     data = default_data_config("niah")
     data.update(RULER_TASKS[task])
     data.seq_len, data.batch_size = 1024, 16
     num_layers = 4
-    config.train = train_config(3000, 1e-3, warmup_steps=200, log_every=50, eval_every=500, checkpoint_every=500)
+    config.train = train_config(NIAH_STEPS, 1e-3, warmup_steps=200, log_every=50, eval_every=500,
+                                checkpoint_every=500)
+  config.train.stop_at_accuracy = STOP_AT_ACCURACY
+  if rate is not None:
+    config.train.learning_rate = rate
   config.data = data
   model = study_model(mixer, data.vocab_size, num_layers=num_layers, width=width)
   reference = study_model(REFERENCE, data.vocab_size, num_layers=num_layers, width=width)
@@ -115,6 +171,6 @@ def get_config(variant="mqar_gdn"):
   # thousands of steps (benchmarks/recall/README.md). NIAH's 258 bytes each occur thousands of times a batch.
   model.tie_embeddings = reference.tie_embeddings = task == "mqar"
   if mixer != REFERENCE:
-    match(model, reference, data.seq_len, "flops" if mixer == "sdm" else "params")
+    match(model, reference, data.seq_len, "flops" if mixer in HYBRID_LAST_LAYER else "params")
   config.model = model
   return config
