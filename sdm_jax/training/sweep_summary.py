@@ -80,10 +80,28 @@ def recorded_runs(path):
   return runs
 
 
+def run_fields(run_dir, config):
+  """What a run's protocol reads besides its metrics: learning rate, model shape, training data size, the step it
+  ended at, train.stop_at_accuracy and the step that reached it (None: never or not set), and its evaluation
+  curve [[step, accuracy], ...] (metrics.jsonl)."""
+  from sdm_jax.training.loop import final_step, target_step
+  from sdm_jax.training.metrics import MetricsLog
+  records = MetricsLog(run_dir, writes=False).read()
+  train, model, data = config["train"], config["model"], config["data"]
+  target = train.get("stop_at_accuracy", 0.0)
+  return {"learning_rate": train["learning_rate"], "width": model["width"], "num_heads": model["num_heads"],
+          "head_dim": model["head_dim"], "seq_len": data["seq_len"], "num_kv_pairs": data.get("num_kv_pairs"),
+          "final_step": final_step(run_dir, train), "target": target,
+          "steps_to_target": target_step(records, target),
+          "curve": [[r["step"], r["accuracy"]] for r in records if r.get("split") == "eval"]}
+
+
 def collect(workdirs, log=print):
   """One row per (run, evaluation): the run's point, seed, evaluation point ({} for the training config), metrics,
-  label and model numbers. Runs without a final evaluation are left out (and counted in the log). A workdir that is
-  a summary's .json contributes the rows it recorded."""
+  label, model numbers and `run_fields` (its curve in the training config's row only). Runs without a final
+  evaluation are left out (and counted in the log). A workdir that is a summary's .json contributes the rows it
+  recorded."""
+  from sdm_jax.training.loop import final_step
   rows, seen, unfinished = [], set(), []
   numbers_cache = {}
   summaries = [w for w in workdirs if str(w).endswith(".json")]
@@ -103,19 +121,22 @@ def collect(workdirs, log=print):
       continue
     seen.add(identity)
     final = sweep._read_json(run_dir / sweep.EVAL)
-    if final is None or final.get("step") != config["train"]["steps"]:
+    if final is None or final.get("step") != final_step(run_dir, config["train"]):
       unfinished.append(str(run_dir))
       continue
     model_key = json.dumps([config["model"], config["data"]["seq_len"]], sort_keys=True)
     if model_key not in numbers_cache:
       numbers_cache[model_key] = model_numbers(config)
     label = spec["point"].get(sweep.VARIANT) or mixer_label(config["model"])
+    fields = run_fields(run_dir, config)
+    curve = fields.pop("curve")
     base = {"run": str(run_dir), "point": spec["point"], "seed": spec["seed"], "label": label,
-            "mixer": mixer_label(config["model"]), **numbers_cache[model_key]}
+            "mixer": mixer_label(config["model"]), **numbers_cache[model_key], **fields}
     evaluations = [({}, final)] + [(entry["point"], entry) for entry in sweep._read_json(run_dir / sweep.EVAL_POINTS)
                                    or []]
     for eval_point, metrics in evaluations:
-      rows.append({**base, "eval_point": eval_point, **{key: metrics[key] for key in METRICS if key in metrics}})
+      rows.append({**base, "eval_point": eval_point, **({"curve": curve} if not eval_point else {}),
+                   **{key: metrics[key] for key in METRICS if key in metrics}})
   if unfinished:
     log(f"{len(unfinished)} run(s) without a final evaluation left out: {', '.join(unfinished[:5])}"
         f"{' ...' if len(unfinished) > 5 else ''}")
