@@ -26,7 +26,7 @@ def dump(out, settings="{}"):
 
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
   from pallas_kernels import sparse_tokens as st
-  from tests.pallas_kernels.lowering import lower_for_h200
+  from sdm_jax.testing.lowering import lower_for_h200
 
   texts = []
   lower = registration.lowering.lower_jaxpr_to_triton_module

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.benchmarking.op_inputs import make_op_inputs, sdm_inputs
 from sdm_jax.ops import sparse_delta_rule
+from sdm_jax.testing.inputs import make_op_inputs, sdm_inputs
 
 
 def sdm_op(T=4096, N=65536, V=1024):

@@ -9,7 +9,7 @@ states saved (`StatePassSettings`), `state_pass_bwd` (`StatePassBwdSettings`) an
 grid {"<kernel>.<field>": values} sweeps the product of its fields' values per kernel (block_v and num_stages of the
 state passes go through their shape rule, so the stages follow block_v as the library's do).
 
-Inputs: the mixer's op inputs (`op_inputs.make_op_inputs`, K = V, no initial state), formed into q, u, e, z as the
+Inputs: the mixer's op inputs (`testing.inputs.make_op_inputs`, K = V, no initial state), formed into q, u, e, z as the
 op forms them (`reference_inputs`; a per-head decay as [B, T, H], which every kernel reads as one decay per row);
 each kernel after the first reads what the one before it wrote (default settings). Median of `reps` warm runs over
 3 rotated input sets where the kernel reads inputs (`timing.median_ms`: the kernel's device time on the GPU), over
@@ -30,9 +30,9 @@ from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax import ops
 from sdm_jax.benchmarking.op_bench import parse_shapes
-from sdm_jax.benchmarking.op_inputs import make_op_inputs
 from sdm_jax.benchmarking.timing import compile_timed, error_text, median_ms, run_metadata, write_tables
 from sdm_jax.ops.validation import on_gpu
+from sdm_jax.testing.inputs import make_op_inputs
 
 INPUT_SETS = 3
 # The H200's HBM bandwidth: the byte floor of a memory-bound launch is its bytes moved at this rate.

@@ -23,10 +23,12 @@ import numpy as np
 
 from sdm_jax import ops
 from sdm_jax.benchmarking import fla_peer
-from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
 from sdm_jax.ops.validation import check_options, resolve_impl
+from sdm_jax.testing.errors import relative_error
+from sdm_jax.testing.inputs import make_op_inputs, make_readouts
+from sdm_jax.testing.runs import make_loss
 from sdm_jax.training.config import close_names
 
 INPUT_SETS = 3
@@ -203,7 +205,7 @@ def _time_peer_config(peer_op, mixer, name, B, T, arg_sets, readout, reps, o_ref
   except Exception as error:
     return _record(mixer, name, B, T, error=error_text(error), chunk_size=None)
   # The peer must compute what we compute, or the ratio means nothing.
-  rel = None if o_ref is None else float(np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref))
+  rel = None if o_ref is None else relative_error(o, o_ref)
   return _record(mixer, name, B, T, timings, chunk_size=None, out_rel_err_vs_ours=rel)
 
 

@@ -10,8 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.benchmarking.op_inputs import make_loss, make_op_inputs, make_readouts
 from sdm_jax.benchmarking.timing import compile_timed, median_ms
+from sdm_jax.testing.errors import relative_error
+from sdm_jax.testing.inputs import make_op_inputs, make_readouts
+from sdm_jax.testing.runs import make_loss
 
 
 def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
@@ -40,11 +42,8 @@ def run_impl(fn, args, readouts, impl, chunk_size, reps, log=print):
 
 def error_row(name, x, ref):
   """{quantity, rel_err = ||x - ref|| / ||ref||, max_abs, finite} for one compared quantity."""
-  with np.errstate(invalid="ignore", over="ignore"):
-    diff, norm = np.linalg.norm(x - ref), np.linalg.norm(ref)
-    rel = diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
   finite = bool(np.isfinite(x).all() and np.isfinite(ref).all())
-  return {"quantity": name, "rel_err": float(rel), "max_abs": float(np.max(np.abs(x - ref), initial=0.0)),
+  return {"quantity": name, "rel_err": relative_error(x, ref), "max_abs": float(np.max(np.abs(x - ref), initial=0.0)),
           "finite": finite}
 
 

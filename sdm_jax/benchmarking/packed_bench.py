@@ -3,8 +3,8 @@
 Each op, forward and forward+backward (the gradient of sum(o * r) with respect to every float input, the final
 state unused as in training), on the same inputs unpacked and as rows of `docs` documents each (boundaries drawn at
 random, so most start inside a chunk), with the ratio packed / unpacked; the bar of issue 23 is TARGET. The dense
-ops take `op_inputs.make_op_inputs` (K = V, no initial state) at each chunk size; the SDM op (`sdm`)
-`op_inputs.sdm_inputs` at each of its options (rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]), its
+ops take `testing.inputs.make_op_inputs` (K = V, no initial state) at each chunk size; the SDM op (`sdm`)
+`testing.inputs.sdm_inputs` at each of its options (rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]), its
 packed gradients checked finite (their accuracy against the documents run alone is
 tests/ops/test_sparse_packed.py's). Two clocks (DESIGN.md section 7), both rotating 3 input sets:
 `timing.median_ms` (on the GPU the kernels' summed durations from CUPTI) and the host clock around back-to-back calls
@@ -20,24 +20,14 @@ import numpy as np
 from sdm_jax import ops
 from sdm_jax.benchmarking import sdm_bench
 from sdm_jax.benchmarking.op_bench import parse_shapes
-from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts, sdm_inputs
 from sdm_jax.benchmarking.sdm_bench import sdm_options
 from sdm_jax.benchmarking.timing import (back_to_back_ms, error_text, format_kernels, kernel_summary,
                                          kernel_timer_available, median_ms, run_metadata, write_tables)
+from sdm_jax.testing.inputs import document_ids, make_op_inputs, make_readouts, sdm_inputs
 
 INPUT_SETS = 3
 TARGET = 1.1  # issue 23: a packed row of 8 documents at most 1.1x an unpacked row
 SDM = "sdm"
-
-
-def document_ids(B, T, docs, seed=0):
-  """[B, T] int32 numpy array: each row cut into `docs` documents (ids 1..docs) at random distinct positions."""
-  rng = np.random.default_rng(seed)
-  ids = np.zeros((B, T), np.int32)
-  for b in range(B):
-    cuts = np.sort(rng.choice(np.arange(1, T), size=docs - 1, replace=False))
-    ids[b] = 1 + np.searchsorted(cuts, np.arange(T), side="right")
-  return ids
 
 
 def dense_calls(mixer, impl, chunk_size):

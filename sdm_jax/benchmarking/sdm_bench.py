@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
-from sdm_jax.benchmarking.op_inputs import make_op_inputs, make_readouts, sdm_inputs
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.sparse_pallas import check_rows_options
+from sdm_jax.testing.inputs import make_op_inputs, make_readouts, sdm_inputs
 
 INPUT_SETS = 3
 

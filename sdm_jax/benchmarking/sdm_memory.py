@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes
-from sdm_jax.benchmarking.op_compare import error_row
-from sdm_jax.benchmarking.op_inputs import sdm_inputs
 from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
 from sdm_jax.ops.sparse_pallas import check_launches
+from sdm_jax.testing.errors import relative_error
+from sdm_jax.testing.inputs import sdm_inputs
 
 IMPLS = ("scan", "chunk", "pallas")
 
@@ -127,10 +127,8 @@ def measure(entries, *, B, T, H, N, V, W, chunk_size=16, reps=5, compile_only=Fa
     if reference is None or entry not in results:
       continue
     o, grads = results[entry]
-    records[entry]["o_rel_err"] = error_row("o", np.asarray(o, np.float64), np.asarray(reference[0], np.float64))[
-        "rel_err"]
-    errors = {name: error_row(name, np.asarray(g, np.float64), np.asarray(reference[1][name], np.float64))["rel_err"]
-              for name, g in grads.items()}
+    records[entry]["o_rel_err"] = relative_error(o, reference[0])
+    errors = {name: relative_error(g, reference[1][name]) for name, g in grads.items()}
     worst = max(errors, key=errors.get)
     records[entry].update(worst_grad=worst, worst_grad_rel_err=errors[worst])
   return [records[e] for e in entries]

@@ -35,7 +35,7 @@ class RandomTokens:
   batch (DESIGN.md section 9)."""
 
   def __init__(self, batch, seq_len, vocab_size, seed=0, docs=0):
-    from sdm_jax.benchmarking.packed_bench import document_ids
+    from sdm_jax.testing.inputs import document_ids
     from sdm_jax.ops.segments import document_positions
     rng = np.random.default_rng(seed)
     self.sets = [{"inputs": rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int32),

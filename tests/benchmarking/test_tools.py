@@ -11,11 +11,10 @@ import pytest
 from sdm_jax.benchmarking import fla_peer, op_bench
 from sdm_jax.benchmarking.op_bench import merge_reports, parse_shapes, run_sweep, summary_table, write_report
 from sdm_jax.benchmarking.op_compare import compare_impls, error_row, format_report
-from sdm_jax.benchmarking import op_inputs
-from sdm_jax.benchmarking.op_inputs import make_op_inputs
 from sdm_jax.benchmarking import timing
 from sdm_jax.benchmarking.timing import run_metadata
 from sdm_jax.ops import MIXERS
+from sdm_jax.testing.inputs import make_op_inputs, sdm_inputs
 
 GATE_GRADS = {"gdn": {"dbeta"}, "gdn2": {"db", "dw"}}
 
@@ -159,7 +158,7 @@ def test_peer_is_skipped_with_a_reason():
 def test_row_traffic_gathers_writes_and_reads_the_rows():
   from sdm_jax.benchmarking import sdm_bench
   B, T, H, N, V, W, R = 2, 4, 2, 64, 8, 3, 5
-  floats, ints = op_inputs.sdm_inputs(B, T, H, N, V, W, R, seed=3)
+  floats, ints = sdm_inputs(B, T, H, N, V, W, R, seed=3)
   rng = np.random.default_rng(4)  # distinct written slots per (b, h): which duplicate write lands is unspecified
   k_idx = np.stack([np.stack([rng.permutation(N)[:T * W].reshape(T, W) for _ in range(H)], 1) for _ in range(B)])
   ints = {**ints, "k_idx": jnp.asarray(k_idx, jnp.int32)}
@@ -183,7 +182,7 @@ def test_row_traffic_gathers_writes_and_reads_the_rows():
 
 def test_sdm_shapes_are_those_of_the_drawn_inputs():
   from sdm_jax.benchmarking import sdm_bench
-  drawn = jax.eval_shape(lambda: op_inputs.sdm_inputs(2, 3, 2, 16, 8, 3, 5, seed=0))
+  drawn = jax.eval_shape(lambda: sdm_inputs(2, 3, 2, 16, 8, 3, 5, seed=0))
   assert drawn == sdm_bench.sdm_shapes(2, 3, 2, 16, 8, 3, 5)
 
 

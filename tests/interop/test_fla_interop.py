@@ -17,14 +17,11 @@ from sdm_jax.interop import fla_config, fla_layer, load_fla, save_fla
 from sdm_jax.interop.fla import _flat_state, _model_config, _model_path
 from sdm_jax.models.config import default_config
 from sdm_jax.models.lm import LanguageModel
+from sdm_jax.testing.errors import relative_error
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 LAYER_SHAPE = dict(hidden_size=64, num_heads=2, head_dim=32)  # make_fla_goldens.LAYER_SHAPE
 MODEL_TYPES = {"gdn": "gated_deltanet", "kda": "kda"}
-
-
-def rel_err(x, ref):
-  return float(jnp.linalg.norm(jnp.asarray(x, jnp.float32) - ref) / jnp.linalg.norm(ref))
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda", "gdn2"])
@@ -33,7 +30,7 @@ def test_a_layer_loaded_from_fla_gives_fla_s_output(kind):
   layer = fla_layer(kind, GOLDEN / f"layer_{kind}.safetensors", **LAYER_SHAPE, impl="chunk")
   y = nnx.jit(lambda layer, x: layer(x))(layer, jnp.asarray(io["x"]))
   assert y.shape == io["y"].shape
-  assert rel_err(y, io["y"]) <= 1e-4
+  assert relative_error(y, io["y"]) <= 1e-4
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -43,7 +40,7 @@ def test_a_model_loaded_from_fla_gives_fla_s_logits(kind):
   assert config.tie_embeddings == (kind == "gdn")  # the goldens have one tied and one own head
   logits = nnx.jit(lambda model, tokens: model(tokens))(model, jnp.asarray(io["tokens"]))
   assert logits.dtype == jnp.float32 and logits.shape == io["logits"].shape
-  assert rel_err(logits, io["logits"]) <= 1e-4
+  assert relative_error(logits, io["logits"]) <= 1e-4
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

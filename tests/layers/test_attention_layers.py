@@ -13,6 +13,7 @@ from flax import nnx
 from sdm_jax.layers import Attention, Block, CausalConv, RMSNorm, rotary
 from sdm_jax.layers import attention as attention_module
 from sdm_jax.ops.validation import on_gpu
+from sdm_jax.testing.errors import relative_error
 
 B, T, WIDTH, H, D = 2, 12, 32, 2, 8
 
@@ -23,11 +24,6 @@ def attention(window, seed=0):
 
 def inputs(seed, shape=(B, T, WIDTH)):
   return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def rel_err(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
 
 
 def dense_attention(params, x, window, head_dim=D):
@@ -80,9 +76,9 @@ def reference_outputs_and_grads(layer, x, cotangent):
 def assert_matches_reference(actual, reference, tol, weight_tol=None):
   """y and the gradient w.r.t. x within tol of the reference, the weights' gradients within weight_tol (tol)."""
   (y, grad_x, grad_params), (ref_y, ref_grad_x, ref_grad_params) = actual, reference
-  errors = {"y": rel_err(y, ref_y), "grad x": rel_err(grad_x, ref_grad_x)}
+  errors = {"y": relative_error(y, ref_y), "grad x": relative_error(grad_x, ref_grad_x)}
   assert max(errors.values()) <= tol, errors
-  weight_errors = {name: rel_err(grad_params[name]["kernel"], ref_grad_params[name]["kernel"])
+  weight_errors = {name: relative_error(grad_params[name]["kernel"], ref_grad_params[name]["kernel"])
                    for name in ref_grad_params}
   assert max(weight_errors.values()) <= (tol if weight_tol is None else weight_tol), weight_errors
 

@@ -12,6 +12,7 @@ from flax import nnx
 from sdm_jax.layers import DeltaMixer
 from sdm_jax.layers.decay import A_RANGE, DT_RANGE
 from sdm_jax.ops import MIXERS
+from sdm_jax.testing.errors import relative_error
 
 B, T, WIDTH, H, K = 2, 24, 32, 2, 16  # T = 24 with chunk_size 16: one full chunk and one padded
 
@@ -37,10 +38,6 @@ def inputs(seed):
   return jax.random.normal(jax.random.key(seed), (B, T, WIDTH), jnp.float32)
 
 
-def rel_err(x, ref):
-  return float(jnp.linalg.norm(x - ref) / jnp.linalg.norm(ref))
-
-
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_parameters_do_not_depend_on_impl(mixer):
   states = [nnx.state(make_layer(mixer, impl), nnx.Param) for impl in ("scan", "chunk", "pallas")]
@@ -56,7 +53,7 @@ def test_chunk_matches_scan(mixer):
   ref = forward(mixer, "scan")(x)
   out = forward(mixer, "chunk")(x)
   assert out.shape == (B, T, WIDTH) and bool(jnp.all(jnp.isfinite(out)))
-  assert rel_err(out, ref) <= 1e-5
+  assert relative_error(out, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -95,6 +92,11 @@ GATE_WIDTHS = {
     "fg2_gdn_plus": {"beta_k_proj": H * K, "beta_v_proj": H * 8},
     "gdn2": {"b_proj": H * K, "w_proj": H * 8},
 }
+
+
+def test_every_registered_mixer_has_its_gate_widths():
+  """README "Contributing: adding a mixer": a new mixer needs its gate widths written here."""
+  assert set(MIXERS) <= set(GATE_WIDTHS), sorted(set(MIXERS) - set(GATE_WIDTHS))
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

@@ -14,6 +14,7 @@ from sdm_jax.layers import MultiHeadLatentAttention
 from sdm_jax.layers import attention as attention_module
 from sdm_jax.layers import mla as mla_module
 from sdm_jax.ops.validation import on_gpu
+from sdm_jax.testing.errors import relative_error
 
 B, T, WIDTH, H = 2, 12, 32, 2
 # qk head 8 + 4 = 12 against v 6: the training path pads v; DIMS_WIDE_V pads q and k instead.
@@ -33,11 +34,6 @@ def mla(seed=0, **kwargs):
 
 def inputs(seed, shape=(B, T, WIDTH)):
   return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def rel_err(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
 
 
 def naive_mla(params, x, *, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank,
@@ -105,10 +101,10 @@ def reference_outputs_and_grads(layer, x, cotangent, positions):
 
 def assert_matches_reference(actual, reference, tol):
   (y, grad_x, grad_params), (ref_y, ref_grad_x, ref_grad_params) = actual, reference
-  errors = {"y": rel_err(y, ref_y), "grad x": rel_err(grad_x, ref_grad_x)}
+  errors = {"y": relative_error(y, ref_y), "grad x": relative_error(grad_x, ref_grad_x)}
   flat_ref = dict(jax.tree_util.tree_leaves_with_path(ref_grad_params))
   for path, grad in jax.tree_util.tree_leaves_with_path(grad_params):
-    errors[jax.tree_util.keystr(path)] = rel_err(grad, flat_ref[path])
+    errors[jax.tree_util.keystr(path)] = relative_error(grad, flat_ref[path])
   assert len(errors) == 2 + len(flat_ref)
   assert max(errors.values()) <= tol, errors
 
@@ -143,9 +139,9 @@ def test_packed_documents_equal_each_document_alone(window):
   x = inputs(8, (1, 2 * L + 2, WIDTH))
   y = layer(x, segment_ids)
   alone = layer(jnp.concatenate([x[:, :L], x[:, L:2 * L]]))
-  assert rel_err(y[0, :L], alone[0]) < 1e-6 and rel_err(y[0, L:2 * L], alone[1]) < 1e-6
+  assert relative_error(y[0, :L], alone[0]) < 1e-6 and relative_error(y[0, L:2 * L], alone[1]) < 1e-6
   # Without the segment ids the second document sees the first: the mask is what separates them.
-  assert rel_err(layer(x)[0, L:2 * L], alone[1]) > 1e-2
+  assert relative_error(layer(x)[0, L:2 * L], alone[1]) > 1e-2
 
 
 @pytest.mark.parametrize("window, prompt", [(None, 5), (None, 1), (4, 5), (3, 1)])
@@ -163,7 +159,7 @@ def test_prefill_then_steps_equal_the_full_forward(window, prompt, q_lora_rank):
     ys.append(y_t[:, None])
   full = layer(x)
   decoded = jnp.concatenate(ys, axis=1)
-  assert rel_err(decoded, full) < 1e-5
+  assert relative_error(decoded, full) < 1e-5
   assert float(jnp.abs(decoded - full).max()) < 1e-5
 
 
@@ -173,7 +169,7 @@ def test_steps_from_an_empty_cache_equal_the_full_forward():
   for t in range(T):
     y_t, cache = layer.step(x[:, t], cache, t)
     ys.append(y_t)
-  assert rel_err(jnp.stack(ys, 1), layer(x)) < 1e-5
+  assert relative_error(jnp.stack(ys, 1), layer(x)) < 1e-5
 
 
 @pytest.mark.parametrize("window", (None, 4), ids=("full", "sliding"))
@@ -222,7 +218,7 @@ def test_without_rope_positions_do_not_matter():
   nope = mla(21, rope_base=None)
   np.testing.assert_array_equal(nope(x, positions=positions), nope(x))
   rope = mla(21)
-  assert rel_err(rope(x, positions=positions), rope(x)) > 1e-3
+  assert relative_error(rope(x, positions=positions), rope(x)) > 1e-3
 
 
 def test_bf16_is_within_1e_2_of_the_reference(x64):
@@ -231,7 +227,7 @@ def test_bf16_is_within_1e_2_of_the_reference(x64):
   y, grad_x, _ = outputs_and_grads(layer, x, cotangent)
   assert y.dtype == jnp.bfloat16
   ref_y, ref_grad_x, _ = reference_outputs_and_grads(layer, x, cotangent, jnp.broadcast_to(jnp.arange(T), (B, T)))
-  assert rel_err(y, ref_y) < 1e-2 and rel_err(grad_x, ref_grad_x) < 1e-2
+  assert relative_error(y, ref_y) < 1e-2 and relative_error(grad_x, ref_grad_x) < 1e-2
 
 
 @pytest.mark.parametrize("kwargs, argument", [
@@ -281,5 +277,5 @@ def test_cudnn_matches_xla_at_bf16(packed, monkeypatch):
   monkeypatch.setattr(mla_module, "flash_implementation", lambda dtype, head_dim: "xla")
   assert "__cudnn$fmha" not in lowered_text(layer, x, segment_ids)
   xla = outputs_and_grads(layer, x, cotangent, segment_ids=segment_ids)
-  errors = {"y": rel_err(cudnn[0], xla[0]), "grad x": rel_err(cudnn[1], xla[1])}
+  errors = {"y": relative_error(cudnn[0], xla[0]), "grad x": relative_error(cudnn[1], xla[1])}
   assert max(errors.values()) < 1e-2, errors

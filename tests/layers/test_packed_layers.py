@@ -11,15 +11,11 @@ from flax import nnx
 from sdm_jax.layers import Attention, CausalConv, DeltaMixer
 from sdm_jax.layers import attention as attention_module
 from sdm_jax.ops.validation import on_gpu
+from sdm_jax.testing.errors import relative_error
 
 WIDTH, L, PAD = 32, 11, 2  # two documents of L tokens, then PAD of padding: one row of T = 24 (chunk 16)
 T = 2 * L + PAD
 SEGMENT_IDS = jnp.asarray([[3] * L + [1] * L + [0] * PAD], jnp.int32)
-
-
-def rel_err(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
 
 
 def packed_and_alone(layer, seed, **packed_args):
@@ -43,11 +39,11 @@ def packed_and_alone(layer, seed, **packed_args):
 def assert_packed_equals_alone(packed, alone, tol):
   (y, d_state, d_x), (y_alone, d_state_alone, d_x_alone) = packed, alone
   join = lambda a: jnp.concatenate([a[:1], a[1:]], axis=1)
-  assert rel_err(y[:, :2 * L], join(y_alone)) < tol
-  assert rel_err(d_x[:, :2 * L], join(d_x_alone)) < tol
+  assert relative_error(y[:, :2 * L], join(y_alone)) < tol
+  assert relative_error(d_x[:, :2 * L], join(d_x_alone)) < tol
   assert not np.any(np.asarray(d_x[:, 2 * L:])), "padding's input gradient is not exactly 0"
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(d_state), jax.tree.leaves(d_state_alone)):
-    assert rel_err(a, b) < tol, jax.tree_util.keystr(path)
+    assert relative_error(a, b) < tol, jax.tree_util.keystr(path)
 
 
 def test_causal_conv_does_not_see_across_documents():
@@ -73,8 +69,8 @@ def test_attention_takes_positions():
   positions = jnp.asarray([list(range(L)) * 2 + [0] * PAD], jnp.int32)
   y = layer(x, SEGMENT_IDS)
   np.testing.assert_array_equal(layer(x, SEGMENT_IDS, positions), y)
-  assert rel_err(layer(x, SEGMENT_IDS, positions + 5)[:, :2 * L], y[:, :2 * L]) < 1e-5
-  assert rel_err(layer(x, SEGMENT_IDS, jnp.arange(T)[None])[:, :2 * L], y[:, :2 * L]) < 1e-5
+  assert relative_error(layer(x, SEGMENT_IDS, positions + 5)[:, :2 * L], y[:, :2 * L]) < 1e-5
+  assert relative_error(layer(x, SEGMENT_IDS, jnp.arange(T)[None])[:, :2 * L], y[:, :2 * L]) < 1e-5
 
 
 @pytest.mark.skipif(not on_gpu(), reason="cuDNN flash attention runs on the GPU")
@@ -92,7 +88,7 @@ def test_packed_cudnn_matches_xla_at_bf16(window, monkeypatch):
   monkeypatch.setattr(attention_module, "flash_implementation", lambda dtype, head_dim: "xla")
   xla = run()(state, x)
   for a, b in zip(jax.tree.leaves(cudnn), jax.tree.leaves(xla)):
-    assert rel_err(a, b) < 2e-2
+    assert relative_error(a, b) < 2e-2
 
 
 def test_delta_layer_restarts_at_documents():

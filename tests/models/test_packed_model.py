@@ -7,9 +7,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from model_helpers import small_config
 from sdm_jax.models import LanguageModel
 from sdm_jax.models.loss import loss_fn
-from test_language_model import small_config
+from sdm_jax.testing.errors import relative_error
 
 L, PAD = 11, 2  # two documents of L tokens, then PAD of padding: one row of T = 24 (chunk 16)
 T = 2 * L + PAD
@@ -40,5 +41,5 @@ def test_packed_batch_equals_documents_alone():
   np.testing.assert_allclose(loss, loss_alone, rtol=1e-6)
   for (path, g), g_alone in zip(jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads)),
                                 jax.tree.leaves(nnx.to_pure_dict(grads_alone))):
-    err = float(jnp.linalg.norm(g - g_alone) / jnp.maximum(jnp.linalg.norm(g_alone), 1e-30))
+    err = relative_error(g, g_alone)
     assert err < 1e-4, (jax.tree_util.keystr(path), err)

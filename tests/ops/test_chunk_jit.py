@@ -7,9 +7,9 @@ below is its own program, so each is a fresh compile; eager calls were always ex
 """
 
 import jax
-import jax.numpy as jnp
 
 from sdm_jax import ops
+from sdm_jax.testing.errors import relative_error
 
 B, H, K = 1, 2, 32
 TS = tuple(range(41, 49))  # each <= the chunk size 64: one chunk, so the scan over chunks is one step
@@ -30,6 +30,6 @@ def test_jitted_chunk_impl_matches_the_scan_over_fresh_compiles():
     inputs = _inputs(T, seed=T)
     reference = kda("scan")(*inputs)
     o = jax.jit(kda("chunk"))(*inputs)
-    errors[T] = float(jnp.linalg.norm(o - reference) / jnp.linalg.norm(reference))
+    errors[T] = relative_error(o, reference)
   bad = {T: err for T, err in errors.items() if not err < 1e-5}  # `not <` so NaN counts as bad
   assert not bad, f"jitted impl='chunk' relative error against the scan above 1e-5 at T: {bad}"

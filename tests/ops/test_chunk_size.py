@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from helpers import call, make_inputs, seed_of, value_dim
 from sdm_jax import ops
 from sdm_jax.ops import delta_rule
 from sdm_jax.ops.pallas import PallasOpSettings
 from sdm_jax.ops.validation import check_options
+from sdm_jax.testing.inputs import make_inputs, seed_of
+from sdm_jax.testing.runs import call, value_dim
 
 B, H, K, V = 1, 2, 16, 16
 

@@ -12,8 +12,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from helpers import MIXERS, assert_close, call, cast, cotangents, error_report, make_inputs, outputs_and_grads
-from helpers import FP32_TOL, results, seed_of, value_dim
+from sdm_jax.testing.errors import FP32_TOL, assert_close, error_report, results
+from sdm_jax.testing.inputs import cast, cotangents, make_inputs, seed_of
+from sdm_jax.testing.runs import MIXERS, call, outputs_and_grads, value_dim
+
 
 B, H, K, V = 2, 2, 16, 32
 

@@ -4,8 +4,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from helpers import MIXERS, assert_close, call, cast, cotangents, make_inputs, outputs_and_grads, results
-from helpers import seed_of, value_dim
+from sdm_jax.testing.errors import TOLERANCES, assert_close, results
+from sdm_jax.testing.inputs import cast, cotangents, make_inputs, seed_of
+from sdm_jax.testing.runs import MIXERS, call, outputs_and_grads, value_dim
+
 
 B, H, K, V = 2, 2, 16, 32
 
@@ -39,7 +41,8 @@ def test_bf16_matches_fp32_scan(mixer, impl):
   assert final_state.dtype == jnp.float32
   assert {n: x.dtype for n, x in grads.items()} == {n: bf16_inputs[n].dtype for n in grads}
   reference = outputs_and_grads(mixer, cast(bf16_inputs, jnp.float32), r_o, r_s, impl="scan", use_qk_l2norm=True)
-  assert_close(results(o, final_state, grads), results(*reference), 1e-2, f"bf16 {impl} vs fp32 scan, {mixer}")
+  assert_close(results(o, final_state, grads), results(*reference), TOLERANCES["bfloat16"][impl],
+               f"bf16 {impl} vs fp32 scan, {mixer}")
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

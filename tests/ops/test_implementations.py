@@ -9,12 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import FP32_TOL, assert_close, call, make_inputs, seed_of, value_dim
 from sdm_jax import ops
 from sdm_jax.ops import delta_rule
 from sdm_jax.ops.delta_rule import IMPLEMENTATIONS, XlaImplementation, delta_rule_scan
 from sdm_jax.ops.implementations import pick
 from sdm_jax.ops.validation import IMPLS
+from sdm_jax.testing.errors import FP32_TOL, assert_close
+from sdm_jax.testing.inputs import make_inputs, seed_of
+from sdm_jax.testing.runs import call, value_dim
 
 B, T, H, K, V = 1, 20, 2, 16, 16
 

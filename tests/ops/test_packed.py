@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import FP32_TOL, MIXERS, arg_names, assert_close, call, cotangents, loss, make_inputs, results
-from helpers import seed_of, value_dim
 from sdm_jax import ops
 from sdm_jax.ops.segments import cu_seqlens_to_segment_ids, document_index, document_positions
+from sdm_jax.testing.errors import FP32_TOL, assert_close, results
+from sdm_jax.testing.inputs import cotangents, make_inputs, seed_of, segment_ids
+from sdm_jax.testing.runs import MIXERS, arg_names, call, loss, value_dim
 
 B, T, H, K, V, C = 2, 46, 1, 16, 32, 16  # the last chunk is cut short: the impls pad it
 # (start, end, id) per document. Row 0: documents of 1 and 20 tokens (across the chunk boundary at 16), 1, 10, and
@@ -28,14 +29,6 @@ LAYOUT = (((0, 1, 1), (1, 21, 2), (21, 22, 3), (22, 32, 4), (32, 45, 5)),
           ((0, 15, 7), (15, 45, 3), (45, 46, 7)))
 DOCUMENTS = [(row, start, end) for row, docs in enumerate(LAYOUT) for start, end, _ in docs]
 L = max(end - start for _, start, end in DOCUMENTS)
-
-
-def segment_ids():
-  ids = np.zeros((B, T), np.int32)
-  for row, docs in enumerate(LAYOUT):
-    for start, end, i in docs:
-      ids[row, start:end] = i
-  return jnp.asarray(ids)
 
 
 def _inputs(mixer):
@@ -114,7 +107,7 @@ FAST = {"scan": ("gdn", "kda"), "chunk": tuple(MIXERS), "pallas": ("gdn", "kda",
     for impl in FAST for mixer in MIXERS])
 def test_packed_row_equals_documents_alone(x64, mixer, impl):
   inputs, r_o, r_s = _inputs(mixer)
-  ids = segment_ids()
+  ids = segment_ids(LAYOUT, B, T)
   grads, (o, final_state) = _packed_grad(mixer, impl)(inputs, ids, r_o, r_s)
   actual = results(o, final_state, grads)
   tol_out, tol_grad = FP32_TOL.get(impl, FP32_TOL["chunk"])
@@ -182,7 +175,7 @@ def test_pallas_masks_only_q_and_k_where_the_mixer_allows_it():
   assert not leaky.writes_vanish_with_k and not _writes_vanish_with_k(leaky)
   try:
     inputs, r_o, r_s = _inputs("leaky")
-    ids, names = segment_ids(), arg_names("leaky")
+    ids, names = segment_ids(LAYOUT, B, T), arg_names("leaky")
     runs = {}
     for impl in ("chunk", "pallas"):
       grads, (o, final_state) = _packed_grad("leaky", impl)(inputs, ids, r_o, r_s)

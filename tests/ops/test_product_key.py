@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import seed_of
 from sdm_jax.ops import product_key_topk
 from sdm_jax.ops.product_key import candidate_rank_pairs
+from sdm_jax.testing.inputs import seed_of
 
 # (n, k): k = 1, k < n, k = n, k > n, k = n * n, and the k << n * n regime of the paper's addressing.
 SIZES = [(8, 1), (8, 5), (8, 8), (8, 20), (4, 16), (32, 128), (64, 32)]

@@ -8,7 +8,10 @@ mixer gets the sum of their gradients (chain rule), which checks the gate gradie
 import jax.numpy as jnp
 import pytest
 
-from helpers import assert_close, cotangents, make_inputs, outputs_and_grads, results, seed_of
+from sdm_jax.testing.errors import assert_close, results
+from sdm_jax.testing.inputs import cotangents, make_inputs, seed_of
+from sdm_jax.testing.runs import outputs_and_grads
+
 
 B, T, H, K, V = 2, 45, 2, 16, 32
 TOL = 1e-5

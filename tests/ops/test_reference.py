@@ -9,7 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import MIXERS, arg_names, assert_close, call, cotangents, loss, make_inputs, seed_of, value_dim
+from sdm_jax.testing.errors import assert_close
+from sdm_jax.testing.inputs import cotangents, make_inputs, seed_of
+from sdm_jax.testing.runs import MIXERS, arg_names, call, loss, value_dim
+
 
 B, H, K, V = 2, 2, 16, 32
 
@@ -43,6 +46,11 @@ def _gdn2_step(S, k, v, g, b, w):
 
 STEPS = {"gdn": _gdn_step, "kda": _kda_step, "fg2_gdn": _fg2_step, "fg2_gdn_plus": _fg2_plus_step,
          "gdn2": _gdn2_step}
+
+
+def test_every_registered_mixer_has_its_papers_step():
+  """README "Contributing: adding a mixer": a new mixer needs its update rule written here."""
+  assert set(MIXERS) <= set(STEPS), sorted(set(MIXERS) - set(STEPS))
 
 
 def numpy_reference(mixer, inputs, scale=None, use_qk_l2norm=False):

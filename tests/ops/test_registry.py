@@ -12,17 +12,15 @@ import pytest
 from flax import nnx
 
 from experiments.configs import common, paper
-from helpers import FP32_TOL, assert_close, call, cast, cotangents, make_inputs, outputs_and_grads, results, seed_of
 from sdm_jax import ops
 from sdm_jax.benchmarking import registry
-from sdm_jax.benchmarking.op_inputs import make_op_inputs
 from sdm_jax.layers import PRESETS, DeltaMixer
 from sdm_jax.layers.delta import DEFAULT_PRESETS
 from sdm_jax.ops import MIXERS, Mixer, register
 from sdm_jax.ops.registry import gate_shapes
-from test_reference import STEPS
-from tests.inference.test_decode import CASES
-from tests.layers.test_delta_layers import GATE_WIDTHS
+from sdm_jax.testing.errors import FP32_TOL, assert_close, results
+from sdm_jax.testing.inputs import cast, cotangents, make_inputs, make_op_inputs, seed_of
+from sdm_jax.testing.runs import call, outputs_and_grads
 
 
 def _toy_build(k, v, beta):
@@ -117,8 +115,8 @@ def test_every_mixer_is_wherever_mixers_are_listed(name):
   config = common.model_config(name, 32)
   assert (config.mixer, config.pattern) == (name, "D")
   assert name in registry.settings("decode").variants
-  # The tests that hold each mixer to its paper: the NumPy loop, the layer's gate widths, recurrent decoding.
-  assert name in STEPS and name in GATE_WIDTHS and ("D", name) in CASES
+  # The tests that hold each mixer to its paper check their own lists: tests/ops/test_reference.py (the NumPy loop),
+  # tests/layers/test_delta_layers.py (the layer's gate widths); tests/inference/test_decode.py decodes every mixer.
 
 
 def test_the_layer_presets_name_registered_mixers():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from helpers import FP32_TOL
 from sdm_jax.ops import sparse_delta_rule
 from sdm_jax.ops.sparse_chunk import sparse_delta_chunk
+from sdm_jax.testing.errors import FP32_TOL, relative_error
 
 
 def _inputs(seed, B=2, T=37, H=2, N=12, V=5, W=3, R=4, decay=1.0, beta_mode="random", shared=True):
@@ -69,12 +69,6 @@ def _run(x, dtype, **kw):
   return sparse_delta_rule(**args, output_final_state=True, **kw)
 
 
-def _rel(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  assert np.all(np.isfinite(x))
-  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
-
-
 FLOATS = ("m0", "k_w", "v", "g", "beta", "q_w")
 
 
@@ -98,8 +92,8 @@ def test_scan_matches_dense_numpy(x64, shared):
   x = _inputs(0, shared=shared)
   o, table = _run(x, jnp.float64, impl="scan")
   o_ref, table_ref = _dense_reference(x)
-  assert _rel(o, o_ref) < 1e-12
-  assert _rel(table, table_ref) < 1e-12
+  assert relative_error(o, o_ref) < 1e-12
+  assert relative_error(table, table_ref) < 1e-12
 
 
 @pytest.mark.parametrize("impl,decay,beta_mode,chunk_size,T,seed", [
@@ -115,15 +109,15 @@ def test_matches_scan(x64, impl, decay, beta_mode, chunk_size, T, seed):
   o_ref, table_ref = _run(x, jnp.float64, impl="scan")
   o, table = _run(x, jnp.float32, impl=impl, chunk_size=chunk_size)
   assert o.dtype == jnp.float32 and table.dtype == jnp.float32
-  assert _rel(o, o_ref) < tol_out
-  assert _rel(table, table_ref) < tol_out
+  assert relative_error(o, o_ref) < tol_out
+  assert relative_error(table, table_ref) < tol_out
   g_ref = _grads(x, jnp.float64, impl="scan")
   g_impl = _grads(x, jnp.float32, impl=impl, chunk_size=chunk_size)
   for name in FLOATS:
     if beta_mode == "zero" and name in ("k_w", "v"):  # nothing is written: exactly zero gradients
       assert np.all(g_impl[name] == 0) and np.all(g_ref[name] == 0), name
       continue
-    assert _rel(g_impl[name], g_ref[name]) < tol_grad, name
+    assert relative_error(g_impl[name], g_ref[name]) < tol_grad, name
 
 
 @pytest.mark.parametrize("rows_segments,decay,T,shared,seed", [(3, 0.01, 37, True, 20), (2, 30.0, 21, False, 21)])
@@ -160,7 +154,7 @@ def test_pallas_bf16_rows_near_fp32_rows(decay, rows_segments, seed):
   rounded = _grads(x, jnp.float32, rows_dtype="bfloat16", **kw)
   for name in ("m0", "v"):
     assert np.array_equal(exact[name], rounded[name]), name
-  errors = {name: _rel(rounded[name], exact[name]) for name in BF16_ROWS_TOL}
+  errors = {name: relative_error(rounded[name], exact[name]) for name in BF16_ROWS_TOL}
   assert all(errors[name] < tol for name, tol in BF16_ROWS_TOL.items()), errors
   assert errors["q_w"] > 1e-5, errors  # the rows were rounded: the reads of the restored table moved
 
@@ -174,12 +168,12 @@ def test_pallas_bf16_table():
   o, table = _run(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
   assert table.dtype == jnp.float32 and np.array_equal(_bf16(table), np.asarray(table, np.float64))
   o_ref, table_ref = _dense_reference(x, stored=_bf16)
-  assert _rel(o, o_ref) < 1e-4 and _rel(table, table_ref) < 1e-4
+  assert relative_error(o, o_ref) < 1e-4 and relative_error(table, table_ref) < 1e-4
   o_fp32, table_fp32 = _dense_reference(x)
-  assert 1e-4 < _rel(o, o_fp32) < 2.0**-7 and _rel(table, table_fp32) < 2.0**-7
+  assert 1e-4 < relative_error(o, o_fp32) < 2.0**-7 and relative_error(table, table_fp32) < 2.0**-7
   exact = _grads(x, jnp.float32, impl="pallas")
   rounded = _grads(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
-  errors = {name: _rel(rounded[name], exact[name]) for name in FLOATS}
+  errors = {name: relative_error(rounded[name], exact[name]) for name in FLOATS}
   assert all(error < 1e-2 for error in errors.values()), errors
 
 
@@ -196,7 +190,7 @@ def test_pallas_bf16_table_grad(table_dtype, packed):
     assert np.array_equal(a, b)
   exact = _grads(x, jnp.float32, **kw)
   rounded = _grads(x, jnp.float32, table_grad_dtype="bfloat16", **kw)
-  errors = {name: _rel(rounded[name], exact[name]) for name in FLOATS}
+  errors = {name: relative_error(rounded[name], exact[name]) for name in FLOATS}
   assert all(error < 1e-2 for error in errors.values()), errors
   assert errors["m0"] > 1e-5, errors
 
@@ -260,7 +254,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
   packed documents and a replayed rows segment, the other kernels' launches. Every kernel call gets its launch
   (forward, the replay's forward, backward)."""
   from sdm_jax.ops import sparse_pallas
-  same = np.array_equal if sparse_pallas.interpret() else lambda a, b: _rel(b, a) < 1e-6
+  same = np.array_equal if sparse_pallas.interpret() else lambda a, b: relative_error(b, a) < 1e-6
   launches = []
   def recording(kernel, name):
     def call(*args, **kwargs):
@@ -285,7 +279,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
   for name in ("m0", "v"):
     assert same(default[name], tiled[name]), name
   for name in ("k_w", "q_w", "g", "beta"):
-    assert _rel(tiled[name], default[name]) < 1e-6, name
+    assert relative_error(tiled[name], default[name]) < 1e-6, name
 
 
 @pytest.mark.parametrize("option,value", [("rows_dtype", "bfloat16"), ("rows_segments", 2), ("table_dtype", "bfloat16"),
@@ -301,7 +295,7 @@ def test_chunk_size_invariance(x64):
   x = _inputs(7, T=48)
   outs = [_run(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]
   for o, table in outs[1:]:
-    assert _rel(o, outs[0][0]) < 1e-12 and _rel(table, outs[0][1]) < 1e-12
+    assert relative_error(o, outs[0][0]) < 1e-12 and relative_error(table, outs[0][1]) < 1e-12
 
 
 def test_duplicate_slots_sum_their_weights(x64):
@@ -312,11 +306,11 @@ def test_duplicate_slots_sum_their_weights(x64):
   for impl in ("scan", "chunk"):
     o, table = _run(x, jnp.float64, impl=impl)
     o_merged, table_merged = _run(merged, jnp.float64, impl=impl)
-    assert _rel(o, o_merged) < 1e-12 and _rel(table, table_merged) < 1e-12
+    assert relative_error(o, o_merged) < 1e-12 and relative_error(table, table_merged) < 1e-12
   # The Pallas kernels compute in fp32; a slot listed twice in a token is written twice with one value.
   o, table = _run(x, jnp.float32, impl="pallas")
   o_merged, table_merged = _run(merged, jnp.float32, impl="scan")
-  assert _rel(o, o_merged) < 1e-5 and _rel(table, table_merged) < 1e-5
+  assert relative_error(o, o_merged) < 1e-5 and relative_error(table, table_merged) < 1e-5
 
 
 def _distinct_slots(rng, shape, N):
@@ -392,7 +386,7 @@ def test_shared_m0_gradient_is_the_batch_sum(x64):
   shared = _grads(x, jnp.float64, impl="chunk", chunk_size=4)["m0"]
   separate = _grads(per_batch, jnp.float64, impl="chunk", chunk_size=4)["m0"]
   assert shared.shape == x["m0"].shape
-  assert _rel(shared, separate.sum(0)) < 1e-12
+  assert relative_error(shared, separate.sum(0)) < 1e-12
 
 
 def test_bf16_values():
@@ -402,7 +396,7 @@ def test_bf16_values():
   o, table = sparse_delta_rule(**args, output_final_state=True)
   o_ref, _ = sparse_delta_rule(**{**args, "v": args["v"].astype(jnp.float32)}, impl="scan", output_final_state=True)
   assert o.dtype == jnp.bfloat16 and table.dtype == jnp.float32
-  assert _rel(o, o_ref) < 1e-2
+  assert relative_error(o, o_ref) < 1e-2
 
 
 @pytest.mark.parametrize("name,value", [("k_idx", 12), ("k_idx", -1), ("q_idx", 40)])

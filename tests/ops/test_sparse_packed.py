@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import FP32_TOL
 from sdm_jax.ops import sparse_delta_rule
 from sdm_jax.ops.validation import on_gpu
+from sdm_jax.testing.errors import FP32_TOL, relative_error
+from sdm_jax.testing.inputs import segment_ids
 
 B, T, H, N, V, W = 2, 40, 2, 64, 32, 16
 # (start, end) per document, ids 1, 2, ... in order. Row 0: documents of 1, 12, 1 and 13 tokens, then 13 of padding:
@@ -30,14 +31,6 @@ DOCUMENTS = [(row, start, end) for row, docs in enumerate(LAYOUT) for start, end
 L = max(end - start for _, start, end in DOCUMENTS)
 FLOATS = ("m0", "k_w", "v", "g", "beta", "q_w")
 PER_TOKEN = FLOATS[1:]
-
-
-def _segment_ids(layout):
-  ids = np.zeros((B, T), np.int32)
-  for row, docs in enumerate(layout):
-    for i, (start, end) in enumerate(docs):
-      ids[row, start:end] = i + 1
-  return jnp.asarray(ids)
 
 
 def _inputs(seed, shared):
@@ -100,12 +93,6 @@ def _reference(seed, shared):
   return expected
 
 
-def _rel(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  assert np.all(np.isfinite(x))
-  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
-
-
 @pytest.mark.parametrize("impl,shared,options", [
     ("scan", True, {}), ("scan", False, {}),
     # Per-row m0 here; the shared one's gathers are in test_one_document_is_the_unpacked_op.
@@ -117,13 +104,13 @@ def _rel(x, ref):
 def test_packed_row_equals_documents_alone(x64, impl, shared, options):
   seed = 1 if shared else 2
   x, r_o, r_s = _inputs(seed, shared)
-  ids = _segment_ids(LAYOUT)
+  ids = segment_ids(LAYOUT, B, T)
   dtype = jnp.float64 if impl == "scan" else jnp.float32
   o, final, grads = _loss_and_grads(x, r_o, r_s, dtype, impl=impl, segment_ids=ids, **options)
   expected = _reference(seed, shared)
   actual = {"o": o, "final": final, **{f"d_{k}": v for k, v in grads.items()}}
   tol_out, tol_grad = (1e-12, 1e-12) if impl == "scan" else FP32_TOL[impl]
-  errors = {k: _rel(actual[k], expected[k]) for k in expected}
+  errors = {k: relative_error(actual[k], expected[k]) for k in expected}
   assert all(errors[k] < (tol_out if k in ("o", "final") else tol_grad) for k in expected), errors
   padding = np.asarray(ids) == 0
   for k in ("o",) + tuple(f"d_{k}" for k in PER_TOKEN):
@@ -132,18 +119,18 @@ def test_packed_row_equals_documents_alone(x64, impl, shared, options):
     args = {k: jnp.asarray(v) if k.endswith("idx") else jnp.asarray(v, dtype) for k, v in x.items()}
     o, final = jax.jit(lambda a: sparse_delta_rule(**a, impl=impl, output_final_state=True, segment_ids=ids,
                                                    **options))(args)
-    assert _rel(o, expected["o"]) < tol_out and _rel(final, expected["final"]) < tol_out
+    assert relative_error(o, expected["o"]) < tol_out and relative_error(final, expected["final"]) < tol_out
 
 
 def test_packed_bf16_table_near_documents_alone(x64):
   """table_dtype="bfloat16" (its rows bf16 too) with packed documents and rows segments: the documents alone at bf16's
   distance (1.5e-3 to 2.7e-3 measured here)."""
   x, r_o, r_s = _inputs(1, True)
-  o, final, grads = _loss_and_grads(x, r_o, r_s, jnp.float32, impl="pallas", segment_ids=_segment_ids(LAYOUT),
+  o, final, grads = _loss_and_grads(x, r_o, r_s, jnp.float32, impl="pallas", segment_ids=segment_ids(LAYOUT, B, T),
                                     table_dtype="bfloat16", rows_segments=2)
   expected = _reference(1, True)
   actual = {"o": o, "final": final, **{f"d_{k}": v for k, v in grads.items()}}
-  errors = {k: _rel(actual[k], expected[k]) for k in expected}
+  errors = {k: relative_error(actual[k], expected[k]) for k in expected}
   assert all(1e-4 < e < 1e-2 for e in errors.values()), errors
 
 
@@ -152,7 +139,7 @@ def test_packed_kernels_read_m0_in_the_table_dtype(monkeypatch):
   fp32, which the kernels round to bf16 as they load it (forward, the replay of a rows segment, backward)."""
   from sdm_jax.ops import sparse_pallas
   x, r_o, r_s = _inputs(2, True)
-  run = lambda: _loss_and_grads(x, r_o, r_s, jnp.float32, impl="pallas", segment_ids=_segment_ids(LAYOUT),
+  run = lambda: _loss_and_grads(x, r_o, r_s, jnp.float32, impl="pallas", segment_ids=segment_ids(LAYOUT, B, T),
                                 table_dtype="bfloat16", rows_segments=2)
   calls = []
   stale_rows = sparse_pallas._stale_rows
@@ -178,7 +165,7 @@ def test_one_document_is_the_unpacked_op(impl):
   plain = sparse_delta_rule(**args, impl=impl, output_final_state=True)
   for a, b in zip(packed, plain):
     if impl == "chunk" and on_gpu():
-      assert _rel(a, b) < 1e-6
+      assert relative_error(a, b) < 1e-6
     else:
       assert np.array_equal(a, b)
 

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import MIXERS, arg_names, call, make_inputs, seed_of, value_dim
 from sdm_jax import ops
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.product_key import ADDRESS_IMPLS
 from sdm_jax.ops.validation import on_gpu
 from sdm_jax.ops.validation import IMPLS, resolve_impl
+from sdm_jax.testing.inputs import make_inputs, seed_of
+from sdm_jax.testing.runs import MIXERS, arg_names, call, value_dim
 
 B, T, H, K, V = 2, 5, 2, 16, 32
 

@@ -10,13 +10,8 @@ from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, delta_rule
 from sdm_jax.ops import l2norm
 from sdm_jax.ops.scan import delta_rule_scan
 
-from lowering import TRITON_CALL, lower_for_h200
-
-
-def _rel(x, ref):
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  assert np.all(np.isfinite(x))
-  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+from sdm_jax.testing.errors import relative_error
+from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200
 
 
 def _inputs(seed, B, T, H, K, V, decay, gate):
@@ -45,10 +40,10 @@ def test_forward_matches_scan(decay, gate, chunk_size, seed):
     o_ref, s_ref = delta_rule_scan(*map(lambda x: jnp.asarray(x, jnp.float64), (q, u, e, z, g)),
                                    K**-0.5, jnp.asarray(h0, jnp.float64))
     o_ref, s_ref = np.asarray(o_ref), np.asarray(s_ref)
-  assert _rel(o, o_ref) < 1e-4
+  assert relative_error(o, o_ref) < 1e-4
   # Elementwise too, so a single unwritten row or tile cannot hide inside the norm.
   assert np.max(np.abs(np.asarray(o) - o_ref)) < 1e-4 * np.max(np.abs(o_ref))
-  assert _rel(final_state, s_ref) < 1e-4
+  assert relative_error(final_state, s_ref) < 1e-4
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

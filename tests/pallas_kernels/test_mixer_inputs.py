@@ -14,7 +14,7 @@ from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops import MIXERS
 from sdm_jax.ops.registry import gate_shapes
 
-from lowering import TRITON_CALL, lower_for_h200
+from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200
 
 
 def _kinds(mixer):

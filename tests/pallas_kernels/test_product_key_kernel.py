@@ -16,7 +16,7 @@ import pytest
 from pallas_kernels.product_key import product_key_address as address_kernel
 from sdm_jax.ops.product_key import _subkey_scores, product_key_address, product_key_topk, rank_pairs
 
-from lowering import TRITON_CALL, lower_for_h200
+from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200
 
 
 def _inputs(B, T, H, n, D, values, seed):

@@ -8,7 +8,8 @@ import pytest
 
 from pallas_kernels.sparse_tokens import sparse_tokens_bwd, sparse_tokens_fwd
 
-from lowering import TRITON_CALL, lower_for_h200
+from sdm_jax.testing.inputs import sdm_inputs
+from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200
 
 B, H, N, V = 1, 2, 1024, 128
 TABLE = jax.ShapeDtypeStruct((B, H, N, V), jnp.float32)
@@ -113,7 +114,6 @@ def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages):
 @pytest.mark.parametrize("block_v", [8, 32])
 def test_value_tiles_give_the_same_result(block_v):
   """Columns are independent: any value tile gives the same forward, bit for bit, in interpret mode."""
-  from sdm_jax.benchmarking.op_inputs import sdm_inputs
   from sdm_jax.ops.sparse_pallas import _forward_args
   T, N, V, W = 24, 64, 64, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 0)
@@ -130,7 +130,6 @@ def test_backward_value_tiles_give_the_same_result(block_v):
   per-tile partial sums summed to the one tile's (interpret mode; N small, so slots repeat and read slots are written
   at the same token)."""
   import numpy as np
-  from sdm_jax.benchmarking.op_inputs import sdm_inputs
   from sdm_jax.ops.sparse_pallas import _forward_args, _heads, _slot_groups, _summed_within_token, read_at_writes
   T, N, V, W = 24, 32, 64, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 2)
@@ -155,7 +154,6 @@ def test_backward_value_tiles_give_the_same_result(block_v):
 
 def test_rows_from_and_rows_dtype_select_the_saved_rows():
   """rows_from saves the rows of the later tokens only, rows_dtype rounds them; the table and o do not change."""
-  from sdm_jax.benchmarking.op_inputs import sdm_inputs
   from sdm_jax.ops.sparse_pallas import _forward_args
   T, N, V, W = 24, 64, 32, 16
   fl, it = sdm_inputs(1, T, 2, N, V, W, W, 1)

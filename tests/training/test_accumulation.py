@@ -10,11 +10,12 @@ from flax import nnx
 
 from sdm_jax.models import LanguageModel
 from sdm_jax.models.loss import loss_fn
+from sdm_jax.testing.errors import relative_error
 from sdm_jax.training import loop, steps
 from sdm_jax.training.config import ConfigError, check_config
 from sdm_jax.training.metrics import MetricsLog
 from sdm_jax.training.optimizer import make_optimizer
-from test_training import attention_config
+from training_helpers import attention_config
 
 B, T, VOCAB = 8, 16, 64
 MICROBATCHES = 4
@@ -62,10 +63,6 @@ def whole_batch(model, batch):
 @nnx.jit(static_argnames="microbatches")
 def accumulated(model, batch, microbatches):
   return steps.accumulated_gradients(model, batch, microbatches)
-
-
-def relative_error(x, reference):
-  return float(jnp.linalg.norm(x - reference) / jnp.maximum(jnp.linalg.norm(reference), 1e-30))
 
 
 @pytest.mark.parametrize("make_batch", [plain_batch, packed_batch], ids=["plain", "packed"])

@@ -10,12 +10,9 @@ from flax import nnx
 from sdm_jax.models import LanguageModel, default_config
 from sdm_jax.models.lm import REMAT_POLICIES
 from sdm_jax.models.loss import loss_fn, masked_cross_entropy, token_scores
+from sdm_jax.testing.errors import relative_error
 
 B, T, VOCAB = 2, 20, 48
-
-
-def rel(x, ref):
-  return float(jnp.linalg.norm(jnp.ravel(x - ref)) / jnp.linalg.norm(jnp.ravel(ref)))
 
 
 def small_model(remat="none", pattern="DS", dtype="float32", impl="auto"):
@@ -65,7 +62,7 @@ def test_chunked_scores_match_whole_logits(chunk_tokens):
   assert abs(float(value - ref_value)) <= 1e-5 * abs(float(ref_value))
   np.testing.assert_array_equal(correct, ref_correct)
   for g, ref in zip(grads, ref_grads):
-    assert rel(g, ref) < 1e-5
+    assert relative_error(g, ref) < 1e-5
 
 
 def test_model_loss_matches_the_plain_loss():
@@ -77,7 +74,7 @@ def test_model_loss_matches_the_plain_loss():
     assert float(metrics[key]) == float(ref_metrics[key]), key
   assert grads.keys() == ref_grads.keys()
   for name, ref in ref_grads.items():
-    assert rel(grads[name], ref) < 1e-5, name
+    assert relative_error(grads[name], ref) < 1e-5, name
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +90,7 @@ def test_remat_policies_give_the_plain_loss_and_gradients(remat, no_remat_refere
   loss, _, grads = grads_of(loss_fn, small_model(remat), batch(4))
   assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
   for name, ref in ref_grads.items():
-    assert rel(grads[name], ref) < 1e-5, name
+    assert relative_error(grads[name], ref) < 1e-5, name
 
 
 def test_unknown_remat_policy_is_refused():
@@ -110,7 +107,7 @@ def test_dots_kernels_keeps_the_pallas_results_and_gives_the_plain_gradients(pat
   loss, _, grads = grads_of(loss_fn, small_model("dots_kernels", pattern=pattern, impl="pallas"), b)
   assert abs(float(loss - ref_loss)) < 1e-6 * float(ref_loss)
   for name, ref in ref_grads.items():
-    assert rel(grads[name], ref) < 1e-5, name
+    assert relative_error(grads[name], ref) < 1e-5, name
 
 
 def _top_k_count(model, b):

@@ -15,7 +15,7 @@ import pytest
 from sdm_jax.training import loop
 from sdm_jax.training.config import ConfigError, check_config
 from sdm_jax.training.metrics import MetricsLog, window_means
-from test_training import attention_config
+from training_helpers import attention_config
 
 
 def read_event_file(path):

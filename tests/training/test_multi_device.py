@@ -26,7 +26,7 @@ SEGMENTS = ((1, False, 2), (4, True, 2), (2, False, 2), (4, True, 2), (1, False,
 
 
 def segment_config(fsdp):
-  from test_training import attention_config
+  from training_helpers import attention_config
   config = attention_config(steps=STEPS)
   config.train.log_every, config.train.checkpoint_every = 1, 2
   config.train.fsdp = fsdp

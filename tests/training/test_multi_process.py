@@ -22,7 +22,7 @@ STEPS, SIGNALLED, STOPPED = 6, 2, 4
 
 
 def _config(fsdp):
-  from test_training import attention_config
+  from training_helpers import attention_config
   config = attention_config(steps=STEPS)
   config.train.log_every, config.train.checkpoint_every = 2, 100
   config.train.fsdp = fsdp

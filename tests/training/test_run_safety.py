@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_training import assert_same_checkpoints, attention_config, checkpoint_contents, train_losses
 from sdm_jax.models.sharding import make_mesh
 from sdm_jax.training import loop
 from sdm_jax.training.checkpoint import Checkpointer, NonFiniteState
@@ -22,6 +21,7 @@ from sdm_jax.training.metrics import MetricsLog
 from sdm_jax.training.optimizer import make_optimizer
 from sdm_jax.training.steps import TrainStep
 from sdm_jax.training.workdir import WorkdirError, checkpoint_steps, load_config
+from training_helpers import assert_same_checkpoints, attention_config, checkpoint_contents, train_losses
 
 
 def quiet(_):

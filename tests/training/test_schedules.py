@@ -5,7 +5,7 @@ import pytest
 
 from sdm_jax.training.config import ConfigError, check_config, default_config
 from sdm_jax.training.optimizer import SCHEDULES, make_schedule
-from test_training import attention_config
+from training_helpers import attention_config
 
 PEAK, END_FRACTION, WARMUP, STEPS = 1e-3, 0.1, 100, 1000
 

@@ -15,10 +15,10 @@ import threading
 import jax
 import pytest
 
-from test_training import attention_config
 from sdm_jax.data import DataError
 from sdm_jax.training import loop
 from sdm_jax.training.workdir import checkpoint_steps
+from training_helpers import attention_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MQAR = str(ROOT / "experiments" / "configs" / "mqar.py")

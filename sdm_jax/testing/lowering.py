@@ -1,5 +1,5 @@
-"""The 'cuda' lowering check the kernel tests share: lower a function for an abstract NVIDIA H200 (no GPU needed),
-which catches primitives that interpret mode accepts but Triton does not."""
+"""The 'cuda' lowering check of the kernel tests and benchmarks/kernel_registers.py: lower a function for an
+abstract NVIDIA H200 (no GPU needed), which catches primitives that interpret mode accepts but Triton does not."""
 
 import jax
 
