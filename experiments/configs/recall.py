@@ -31,6 +31,8 @@ MQAR goes across state pressure (PRESSURE_POINTS: pairs from a quarter of d_k to
 PRESSURE_WIDTHS; SEEDS seeds; a seed succeeds at SUCCESS accuracy; CLAIMS are the papers' claims it decides.
 """
 
+import json
+import pathlib
 import re
 
 import ml_collections
@@ -68,8 +70,9 @@ SEEDS = 5
 # seq_len = 4 x pairs (the pairs and their queries fill it), at least 128. Pairs / d_k per head: 0.25 to 4.
 PRESSURE_POINTS = ((128, 16), (128, 32), (256, 64), (512, 128), (1024, 256))
 PRESSURE_WIDTHS = (128, 256)
-# The learning-rate pilot: MQAR at d_k pairs per head, where the models differ but learn.
-PILOT_WIDTH, PILOT_POINT = 128, (256, 64)
+# The learning-rate pilots: MQAR at d_k pairs per head, where the models differ but learn; NIAH on the multi-key task
+# the first claim names, at its training length.
+PILOT_WIDTH, PILOT_POINT, NIAH_PILOT_TASK = 128, (256, 64), "mk_niah_1"
 MQAR_STEPS, NIAH_STEPS = 4000, 6000
 # The papers' claims the study decides: (claim, [(A, B): A is claimed to beat B], the tasks that bear on it).
 # Models are STUDY_MIXERS names.
@@ -107,6 +110,31 @@ def parse_variant(variant):
 def variant_name(task, mixer, width, rate=None):
   """parse_variant's inverse: ('mqar', 'gdn', 128, 0.003) -> 'mqar_gdn_w128_lr0.003'."""
   return f"{task}_{mixer}_w{width}" + (f"_lr{rate:g}" if rate is not None else "")
+
+
+def task_family(task):
+  """"mqar" or "niah": which pilot's learning rates a task's runs take."""
+  return "mqar" if task == "mqar" else "niah"
+
+
+def protocol_variants(task, mixers, widths, rates=None, picked=None):
+  """'v1|v2|...': the variants of `task` for every mixer and width (space-separated text or sequences), at every rate
+  of `rates` (the pilot's grid), or at each mixer's rate in the `picked` JSON file ({family: {mixer: rate}}, the
+  pilot report's); ValueError naming a mixer the pilot did not rate."""
+  split = lambda value: value.split() if isinstance(value, str) else list(value)
+  names = []
+  for mixer in split(mixers):
+    if picked is not None:
+      family = task_family(task)
+      table = json.loads(pathlib.Path(picked).read_text()).get(family, {})
+      if mixer not in table:
+        raise ValueError(f"picked: {picked} has no {family} learning rate for {mixer!r} (it has {sorted(table)}); run "
+                         f"its pilot or give the rates")
+      mixer_rates = [table[mixer]]
+    else:
+      mixer_rates = [float(rate) for rate in split(rates)] if rates is not None else [None]
+    names += [variant_name(task, mixer, int(width), rate) for width in split(widths) for rate in mixer_rates]
+  return "|".join(names)
 
 
 def study_model(mixer, vocab_size, *, num_layers, width):
