@@ -25,7 +25,7 @@ from sdm_jax import ops
 from sdm_jax.benchmarking import fla_peer
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
-from sdm_jax.ops.validation import check_options, resolve_impl
+from sdm_jax.ops.validation import check_chunk_size
 from sdm_jax.testing.errors import relative_error
 from sdm_jax.testing.inputs import make_op_inputs, make_readouts
 from sdm_jax.testing.runs import make_loss
@@ -54,7 +54,7 @@ def check_settings(settings):
   if not parse_shapes(",".join(settings.shapes)):
     raise ValueError("shapes: expected at least one B x T")
   for chunk_size in settings.chunk_size:
-    check_options("chunk", chunk_size)
+    check_chunk_size(chunk_size)
   fla_peer.check_modes(settings.peer_modes)
   if settings.compile_threads < 1:
     raise ValueError(f"compile_threads: expected an integer >= 1, got {settings.compile_threads}")
@@ -73,7 +73,7 @@ def _chunk_of(impl, chunk_size, T):
     return None
   try:
     from sdm_jax.ops.delta_rule import chunk_size_of
-    return chunk_size_of(resolve_impl(impl), chunk_size, T)
+    return chunk_size_of(impl, chunk_size, T)
   except (ImportError, ValueError):
     return chunk_size
 

@@ -14,7 +14,7 @@ from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
 from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
                                          median_ms, run_metadata, write_tables)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
-from sdm_jax.ops.sparse_pallas import check_rows_options
+from sdm_jax.ops.sparse_pallas import PallasConfig
 from sdm_jax.testing.inputs import make_op_inputs, make_readouts, sdm_inputs
 
 INPUT_SETS = 3
@@ -22,14 +22,14 @@ INPUT_SETS = 3
 
 def sdm_options(text, setting):
   """'rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]]' -> sparse_delta_rule's keyword options for
-  impl="pallas", checked by the op's own rule; ValueError naming `setting` otherwise."""
+  impl="pallas", checked by its config (`sparse_pallas.PallasConfig`); ValueError naming `setting` otherwise."""
   parts = text.split(":")
   try:
     if len(parts) not in (2, 3, 4):
       raise ValueError(f"{len(parts)} fields, not 2 to 4")
     options = {"rows_dtype": parts[0], "rows_segments": int(parts[1])}
     options.update(zip(("table_dtype", "table_grad_dtype"), parts[2:]))
-    check_rows_options(**options)
+    PallasConfig(**options)
   except ValueError as error:
     raise ValueError(f"{setting}: expected rows_dtype:rows_segments[:table_dtype[:table_grad_dtype]], got {text!r} "
                      f"({error})") from None

@@ -26,7 +26,7 @@ import numpy as np
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_options, sdm_shapes
 from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
-from sdm_jax.ops.sparse_pallas import check_launches
+from sdm_jax.ops.sparse_pallas import PallasConfig
 from sdm_jax.testing.errors import relative_error
 from sdm_jax.testing.inputs import sdm_inputs
 
@@ -37,7 +37,7 @@ def parse_launch(text):
   """'BVxWARPS/BVxWARPS' (the forward's, then the backward's block_v and num_warps) -> the op's launch option."""
   try:
     launch = tuple(tuple(int(n) for n in part.split("x")) for part in text.split("/"))
-    check_launches(launch)
+    PallasConfig(launch=launch)
   except ValueError as error:
     raise ValueError(f"entries: expected a launch 'BVxWARPS/BVxWARPS' (block_v and num_warps of the forward, then "
                      f"the backward), e.g. 64x8/32x4, got {text!r} ({error})") from None

@@ -17,6 +17,8 @@ from sdm_jax import ops
 from sdm_jax.layers.decay import LogDecay
 from sdm_jax.layers.norm import RMSNorm
 from sdm_jax.layers.recurrent import RecurrentMixer
+from sdm_jax.ops.implementations import configure
+from sdm_jax.ops.sparse_delta import IMPLEMENTATIONS
 
 # The learned initial table starts near zero so that early reads are mostly what was written.
 M0_STDDEV = 1e-2
@@ -26,16 +28,16 @@ class SparseDeltaMemory(RecurrentMixer):
   """x: [B, T, width] -> [B, T, width].
 
   H = num_heads, N = num_slots (a perfect square), W = topk_write, R = topk_read slots per token,
-  key_dim = the width of each sub-key (and of each query half), V = value_dim per head. rows_dtype and
-  rows_segments choose what impl="pallas" keeps for its backward, table_dtype what it stores the table in,
-  table_grad_dtype what its backward stores the table's cotangent in (`ops.sparse_delta_rule`); address_impl how
-  the slots are found (`ops.product_key_address`: "xla", the default, or "pallas", its fused kernel, slower on the
-  H200 so far).
+  key_dim = the width of each sub-key (and of each query half), V = value_dim per head. impl and options: how the
+  recurrence runs, `ops.sparse_delta_rule`'s impl and keyword options as it takes them (chunk_size; impl="pallas"'s
+  rows_dtype and rows_segments, what it keeps for its backward, table_dtype, what it stores the table in,
+  table_grad_dtype, what its backward stores the table's cotangent in, launch), checked here (ValueError naming
+  one); they do not change the parameters. address_impl: how the slots are found (`ops.product_key_address`:
+  "xla", the default, or "pallas", its fused kernel, slower on the H200 so far).
   """
 
   def __init__(self, width, *, num_heads, num_slots, topk_write, topk_read, key_dim, value_dim, impl="auto",
-               chunk_size=16, rows_dtype="float32", rows_segments=1, table_dtype="float32",
-               table_grad_dtype="float32", address_impl="xla", dtype=jnp.float32, rngs):
+               address_impl="xla", dtype=jnp.float32, rngs, **options):
     n = math.isqrt(num_slots)
     if n * n != num_slots:
       raise ValueError(f"num_slots: product keys need a perfect square, got {num_slots}")
@@ -57,10 +59,9 @@ class SparseDeltaMemory(RecurrentMixer):
     self.o_proj = linear(H * V, width)
     self.num_heads, self.key_dim, self.value_dim = H, key_dim, V
     self.topk_write, self.topk_read = topk_write, topk_read
-    self.impl, self.chunk_size = impl, chunk_size
-    self.rows_dtype, self.rows_segments, self.table_dtype = rows_dtype, rows_segments, table_dtype
-    self.table_grad_dtype = table_grad_dtype
-    self.address_impl = address_impl
+    configure(impl, IMPLEMENTATIONS, options)  # the op's check of the impl and the options, here once at build
+    # (name, value) pairs: a module's static attributes are hashed with its graph definition.
+    self.impl, self.options, self.address_impl = impl, tuple(options.items()), address_impl
 
   def address(self, query, k):
     """query: [B, T, H * 2 * key_dim] -> (slot indices, softmax weights), both [B, T, H, k]."""
@@ -86,10 +87,10 @@ class SparseDeltaMemory(RecurrentMixer):
     q_idx, q_w = self.address(self.read_query_proj(x), self.topk_read)
     v = heads(self.v_proj(x))
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+    # The options are the layer's impl's: a decoding step runs the scan (`RecurrentMixer.step`) without them.
+    options = dict(self.options) if impl == self.impl else {}
     o, table = ops.sparse_delta_rule(cache["M"], k_idx, k_w, v, self.decay(x), beta, q_idx, q_w, impl=impl,
-                                     chunk_size=self.chunk_size, output_final_state=True,
-                                     rows_dtype=self.rows_dtype, rows_segments=self.rows_segments,
-                                     table_dtype=self.table_dtype, table_grad_dtype=self.table_grad_dtype,
+                                     output_final_state=True, **options,
                                      distinct_slots=True,  # product-key addressing picks k distinct slots
                                      # Only when packed: unpacked calls do not depend on the op taking it.
                                      **({} if segment_ids is None else {"segment_ids": segment_ids}))

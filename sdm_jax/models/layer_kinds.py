@@ -14,7 +14,6 @@ from typing import Callable
 from sdm_jax.layers import Attention, DeltaMixer, MultiHeadLatentAttention, SparseDeltaMemory
 from sdm_jax.models.config import delta_layer
 from sdm_jax.ops.delta_rule import chunk_size_of
-from sdm_jax.ops.validation import resolve_impl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +48,7 @@ def _delta(c, dtype, rngs):
 def _delta_flops(c, seq_len):
   # The state work, 6 K V per head (read q S, predict k S, write k z^T), plus the chunk's grams 2 C (K + V) at the
   # chunk size C the op runs.
-  C = chunk_size_of(resolve_impl(c.impl), c.get("chunk_size"), seq_len)
+  C = chunk_size_of(c.impl, c.get("chunk_size"), seq_len)
   return c.num_heads * (6 * c.head_dim * c.value_dim + 2 * C * (c.head_dim + c.value_dim))
 
 

@@ -1,8 +1,10 @@
 """Product-key addressing (DESIGN.md section 3): the exact top-k of all pairwise sums of two sub-key score halves,
 and the addressing built on it (queries and sub-key tables -> slots and softmax weights)."""
 
+import dataclasses
 import functools
 import operator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +12,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from pallas_kernels import product_key as product_key_kernel
-from sdm_jax.ops.validation import check_float, check_shape, on_gpu, resolve_impl
+from sdm_jax.ops.implementations import pick
+from sdm_jax.ops.validation import check_float, check_shape, on_gpu
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +96,63 @@ def product_key_topk(s1, s2, k):
   return scores.astype(s1.dtype), a * n + b
 
 
-ADDRESS_IMPLS = ("xla", "pallas")
+@dataclasses.dataclass(frozen=True)
+class XlaConfig:
+  """impl="xla" has no options: einsum, then `product_key_topk`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasConfig:
+  """What impl="pallas" runs with: the kernel's launch settings (`pallas_kernels.product_key.ProductKeySettings`),
+  None for its rule for the shape (`ProductKeySettings.for_shape`)."""
+  settings: Any = None
+
+
+# The implementations (`implementations.Implementation`). slots(x1, x2, c1, c2, k) gets the op's checked inputs and
+# returns (idx [B, T, H, k] int32, best first, with no gradient; s1, s2 [B, T, H, n], the sub-key scores
+# (`_subkey_scores`), which the weights are gathered from).
+
+
+@dataclasses.dataclass(frozen=True)
+class Xla:
+  """impl="xla": the sub-key scores by einsum, the slots by `product_key_topk`."""
+  name: str = "xla"
+  config: XlaConfig = XlaConfig()
+
+  def supported(self, backend):
+    return True
+
+  def slots(self, x1, x2, c1, c2, k):
+    s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
+    return product_key_topk(jax.lax.stop_gradient(s1), jax.lax.stop_gradient(s2), k)[1], s1, s2
+
+
+@dataclasses.dataclass(frozen=True)
+class Pallas:
+  """impl="pallas": the fused kernel finds the slots (`pallas_kernels.product_key`; interpret mode off a GPU), from
+  inputs in their promoted dtype (float32, bfloat16 or float16; ValueError for float64)."""
+  name: str = "pallas"
+  config: PallasConfig = PallasConfig()
+
+  def supported(self, backend):
+    return backend == "gpu"
+
+  def slots(self, x1, x2, c1, c2, k):
+    dtype = jnp.promote_types(x1.dtype, c1.dtype)
+    if dtype == jnp.float64:
+      raise ValueError(f"x1: impl='pallas' supports float32, bfloat16 and float16 (with c1), got {x1.dtype} "
+                       f"and {c1.dtype}")
+    x1, x2, c1, c2 = (x.astype(dtype) for x in (x1, x2, c1, c2))
+    B, T, H, D = x1.shape
+    flat = lambda x: jax.lax.stop_gradient(x.reshape(B * T, H, D))
+    idx = product_key_kernel.product_key_address(
+        flat(x1), flat(x2), jax.lax.stop_gradient(c1), jax.lax.stop_gradient(c2), k, rank_pairs(k, c1.shape[1]),
+        settings=self.config.settings, interpret=not on_gpu())[0].reshape(B, T, H, k)
+    return idx, _subkey_scores(x1, c1), _subkey_scores(x2, c2)
+
+
+# Product-key addressing's implementations in impl="auto"'s order: the kernel on a GPU, XLA elsewhere.
+IMPLEMENTATIONS = {impl.name: impl for impl in (Pallas(), Xla())}
 SLOTS_NAME = "product_key_slots"  # the checkpoint name of the slots product_key_address selects
 
 
@@ -105,10 +164,10 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
   Returns (idx [B, T, H, k] int32, best first; weights [B, T, H, k] float32, the softmax of the
   selected scores). Sub-key scores are float32: products in the promoted dtype of x1 and c1,
   accumulated in float32. Ties follow product_key_topk.
-  impl: "auto" (the default: "pallas" on a GPU, else "xla"), "xla" (einsum + product_key_topk) or
-  "pallas" (the fused kernel; interpret mode off the GPU). Both give the same idx for the same scores
-  and the same gradients: weights are differentiable in x1, x2, c1 and c2, idx carries none. idx is named
-  SLOTS_NAME for remat policies (`jax.checkpoint_policies.save_only_these_names`).
+  impl: a name in `IMPLEMENTATIONS`, "xla" (einsum + product_key_topk) or "pallas" (the fused kernel; interpret mode
+  off the GPU), or "auto" (the default), the first supported on the backend ("pallas" on a GPU, else "xla"). Both
+  give the same idx for the same scores and the same gradients: weights are differentiable in x1, x2, c1 and c2, idx
+  carries none. idx is named SLOTS_NAME for remat policies (`jax.checkpoint_policies.save_only_these_names`).
   """
   dims = {}
   check_shape("x1", x1, ("B", "T", "H", "D"), dims)
@@ -120,22 +179,8 @@ def product_key_address(x1, x2, c1, c2, k, *, impl="auto"):
   if c2.dtype != c1.dtype:
     raise ValueError(f"c2: expected the dtype of c1, {c1.dtype}, got {c2.dtype}")
   k = _check_k(k, dims["n"])
-  impl = resolve_impl(impl, ADDRESS_IMPLS, fallback="xla")
-  if impl == "pallas":
-    dtype = jnp.promote_types(x1.dtype, c1.dtype)
-    if dtype == jnp.float64:
-      raise ValueError(f"x1: impl='pallas' supports float32, bfloat16 and float16 (with c1), got {x1.dtype} "
-                       f"and {c1.dtype}")
-    x1, x2, c1, c2 = (x.astype(dtype) for x in (x1, x2, c1, c2))
-    B, T, H, D = x1.shape
-    flat = lambda x: jax.lax.stop_gradient(x.reshape(B * T, H, D))
-    idx = product_key_kernel.product_key_address(
-        flat(x1), flat(x2), jax.lax.stop_gradient(c1), jax.lax.stop_gradient(c2), k, rank_pairs(k, c1.shape[1]),
-        interpret=not on_gpu())[0].reshape(B, T, H, k)
-    s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
-  else:
-    s1, s2 = _subkey_scores(x1, c1), _subkey_scores(x2, c2)
-    idx = product_key_topk(jax.lax.stop_gradient(s1), jax.lax.stop_gradient(s2), k)[1]
+  implementation = pick(impl, IMPLEMENTATIONS)
+  idx, s1, s2 = implementation.slots(x1, x2, c1, c2, k)
   # Named so that a remat policy can keep the slots (`models.lm`): the backward then needs no top-k (its sorts).
   idx = checkpoint_name(idx, SLOTS_NAME)
   # The weights from the selected scores, gathered again: their gradient is a scatter into the n sub-key scores

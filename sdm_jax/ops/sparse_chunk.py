@@ -23,14 +23,27 @@ Within a chunk, token pairs of different documents do not interact and decay spa
 final table is m0 wherever the last run did not write (once per call).
 """
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from sdm_jax.ops.segments import chunk_documents
+from sdm_jax.ops.validation import check_chunk_size
 
 HIGHEST = jax.lax.Precision.HIGHEST
+CHUNK_SIZE = 16  # tokens per chunk when the op is not told; the results do not depend on it
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkConfig:
+  """What impl="chunk" runs with: chunk_size tokens per chunk (a power of two; the op clamps it to T's padded
+  length, `validation.chunk_size_for`). ValueError naming chunk_size otherwise."""
+  chunk_size: int = CHUNK_SIZE
+
+  def __post_init__(self):
+    check_chunk_size(self.chunk_size)
 
 
 def _einsum(spec, *xs):

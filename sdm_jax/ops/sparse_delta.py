@@ -14,15 +14,18 @@ Packed documents (segment_ids, DESIGN.md section 9): every document starts from 
 so the table at a document start is m0 again; its decay g_t applies to m0's rows as at t = 0.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from sdm_jax.ops.sparse_chunk import sparse_delta_chunk, sparse_delta_chunk_packed
+from sdm_jax.ops.implementations import configure
 from sdm_jax.ops.segments import check_segment_ids, document_starts, mask_padding
-from sdm_jax.ops.sparse_pallas import check_launches, check_rows_options, sparse_delta_pallas
-from sdm_jax.ops.validation import check_array, check_options, check_shape, chunk_size_for
+from sdm_jax.ops.sparse_chunk import ChunkConfig, sparse_delta_chunk, sparse_delta_chunk_packed
+from sdm_jax.ops.sparse_pallas import PallasConfig, sparse_delta_pallas
+from sdm_jax.ops.validation import check_array, check_shape, chunk_size_for
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -51,6 +54,76 @@ def sparse_delta_scan(table, k_idx, k_w, v, g, beta, q_idx, q_w, starts=None):
   xs = [jnp.moveaxis(x, 1, 0) for x in (k_idx, k_w, v, g, beta, q_idx, q_w) + (() if starts is None else (starts,))]
   final, o = jax.lax.scan(body, table, xs)
   return jnp.moveaxis(o, 0, 1), final
+
+
+def _batch_table(m0, B):
+  """m0 [H, N, V] or [B, H, N, V] -> the table every row of the batch starts from, [B, H, N, V]."""
+  return jnp.broadcast_to(m0, (B, *m0.shape[-3:]))
+
+
+# The implementations (`implementations.Implementation`). run(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts,
+# distinct_slots) gets the op's checked inputs with padding masked: m0 [H, N, V] or [B, H, N, V] and k_w, g, beta, q_w
+# in the accumulation dtype (fp32, float64 for float64 inputs), v in its own dtype, starts None or [B, T] bool (where
+# packed documents start), and returns (o [B, T, H, V], final table [B, H, N, V] in the accumulation dtype).
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+  """impl="scan": token by token, the reference (`sparse_delta_scan`). It has no chunks and ignores chunk_size."""
+  name: str = "scan"
+  config: ChunkConfig = ChunkConfig()
+
+  def supported(self, backend):
+    return False  # T sequential steps on every backend: run when named, never picked by "auto"
+
+  def run(self, m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, distinct_slots):
+    return sparse_delta_scan(_batch_table(m0, v.shape[0]), k_idx, k_w, v.astype(m0.dtype), g, beta, q_idx, q_w,
+                             starts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+  """impl="chunk": chunked WY with a memory-lean backward (`sparse_chunk`), config.chunk_size tokens per chunk,
+  clamped to T's padded length."""
+  name: str = "chunk"
+  config: ChunkConfig = ChunkConfig()
+
+  def supported(self, backend):
+    return True
+
+  def run(self, m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, distinct_slots):
+    B, T = v.shape[:2]
+    C = chunk_size_for(self.config.chunk_size, T)
+    pad = -T % C
+    # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.
+    pad_t = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    padded = map(pad_t, (k_idx, k_w, v.astype(m0.dtype), g, beta, q_idx, q_w))
+    if starts is None:
+      o, final = sparse_delta_chunk(_batch_table(m0, B), *padded, C)
+    else:  # the padded tokens end the row's last run
+      o, final = sparse_delta_chunk_packed(m0, *padded, pad_t(starts), C)
+    return o[:, :T], final
+
+
+@dataclasses.dataclass(frozen=True)
+class Pallas:
+  """impl="pallas": the kernels that walk the tokens in order on the touched rows (`sparse_pallas`; interpret mode
+  off a GPU), with the options of PallasConfig."""
+  name: str = "pallas"
+  config: PallasConfig = PallasConfig()
+
+  def supported(self, backend):
+    return backend == "gpu"
+
+  def run(self, m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, distinct_slots):
+    # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
+    # bits as fp32 copies, without keeping them for the backward.
+    return sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, self.config, starts=starts,
+                               distinct_slots=distinct_slots)
+
+
+# Sparse Delta Memory's implementations in impl="auto"'s order: the kernels on a GPU, the chunked form elsewhere.
+IMPLEMENTATIONS = {impl.name: impl for impl in (Pallas(), Chunk(), Scan())}
 
 
 def _check_indices(name, idx, N):
@@ -91,21 +164,22 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
 
   m0: [H, N, V] (a learned table shared over the batch) or [B, H, N, V]; k_idx (int), k_w:
   [B, T, H, W]; v: [B, T, H, V]; g (log decay <= 0), beta: [B, T, H]; q_idx (int), q_w: [B, T, H, R].
-  impl: "auto" (the default: "pallas" on a GPU, else "chunk"),
-  "scan" (the reference), "chunk" (chunked WY with a memory-lean backward; chunk_size tokens per
-  chunk) or "pallas" (Pallas kernels that walk the tokens in order on the touched rows, with the same
-  memory-lean backward; interpret mode off the GPU; chunk_size unused).
-  rows_dtype ("float32" or "bfloat16"), rows_segments (an int >= 1): impl="pallas" only, what its backward gets
-  the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or saved for
-  the last of rows_segments token segments and replayed from m0 for the others (`sdm_jax.ops.sparse_pallas`).
-  table_dtype ("float32" or "bfloat16"): impl="pallas" only, what the table is stored in while the kernels walk
-  the tokens: bf16 rounds every written row (lossy, like a bf16 state; half the kernels' memory traffic).
-  table_grad_dtype ("float32" or "bfloat16"): impl="pallas" only, what the backward stores the table's cotangent in
-  while it walks the tokens: bf16 rounds every row of it as it is stored (lossy gradients, the forward unchanged;
-  the gradient of m0 is returned in fp32). launch: impl="pallas" only, the token kernels' (forward, backward) launch
-  settings, each (block_v, num_warps), None for the defaults (`sdm_jax.ops.sparse_pallas.check_launches`): a tuning
-  knob, the results the same up to the order of per-tile sums. These five raise ValueError with impl="scan" or
-  "chunk"; impl="auto" off a GPU runs "chunk" without them (fp32).
+  impl: a name in `IMPLEMENTATIONS`: "scan" (the reference), "chunk" (chunked WY with a memory-lean backward;
+  chunk_size tokens per chunk) or "pallas" (Pallas kernels that walk the tokens in order on the touched rows, with
+  the same memory-lean backward; interpret mode off the GPU), or "auto" (the default), the first supported on the
+  backend ("pallas" on a GPU, else "chunk").
+  The options are the fields of the implementations' configs, each checked by every config that has it whatever impl
+  runs (ValueError naming it): chunk_size (a power of two; every impl's, only "chunk" uses it), and impl="pallas"'s
+  (`sparse_pallas.PallasConfig`): rows_dtype ("float32" or "bfloat16"), rows_segments (an int >= 1), what its
+  backward gets the rows each token found before its write from: saved in fp32 (the default), rounded to bf16, or
+  saved for the last of rows_segments token segments and replayed from m0 for the others; table_dtype ("float32" or
+  "bfloat16"), what the table is stored in while the kernels walk the tokens: bf16 rounds every written row (lossy,
+  like a bf16 state; half the kernels' memory traffic); table_grad_dtype ("float32" or "bfloat16"), what the
+  backward stores the table's cotangent in while it walks the tokens: bf16 rounds every row of it as it is stored
+  (lossy gradients, the forward unchanged; the gradient of m0 is returned in fp32); launch, the token kernels'
+  (forward, backward) launch settings, each (block_v, num_warps), None for the defaults: a tuning knob, the results
+  the same up to the order of per-tile sums. An option set away from its default is refused by a named impl whose
+  config lacks it (ValueError); impl="auto" runs the implementation it picks without it ("chunk" off a GPU: fp32).
   segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): equal nonzero ids in a run are
   one document, 0 is padding (after a row's last document). Each document starts from m0 (the row's, when m0 is
   [B, H, N, V]); a padding token reads and writes nothing (its k_w, v, g, beta and q_w are zeroed before use, so its
@@ -119,14 +193,9 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
   and the table unchanged. Out-of-range indices raise ValueError where the index arrays are concrete (also arrays
   a jitted function closes over); traced indices are checkify's job (`checkify.checkify` reports them).
   """
-  requested, impl = impl, check_options(impl, chunk_size)
-  pallas_defaults = check_rows_options(rows_dtype, rows_segments, table_dtype, table_grad_dtype) == ("float32",) * 3
-  check_launches(launch)
-  if requested in ("scan", "chunk") and not (pallas_defaults and rows_segments == 1 and launch is None):
-    raise ValueError(f"rows_dtype, rows_segments, table_dtype, table_grad_dtype, launch: options of impl='pallas' "
-                     f"(or 'auto', which picks 'pallas' on a GPU), got impl={requested!r} with rows_dtype="
-                     f"{rows_dtype!r}, rows_segments={rows_segments!r}, table_dtype={table_dtype!r}, table_grad_dtype="
-                     f"{table_grad_dtype!r}, launch={launch!r}")
+  implementation = configure(impl, IMPLEMENTATIONS, {
+      "chunk_size": chunk_size, "rows_dtype": rows_dtype, "rows_segments": rows_segments, "table_dtype": table_dtype,
+      "table_grad_dtype": table_grad_dtype, "launch": launch})
   if not isinstance(distinct_slots, bool):
     raise ValueError(f"distinct_slots: expected True or False, got {distinct_slots!r}")
   dims = {}
@@ -153,30 +222,9 @@ def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", ch
     starts = document_starts(segment_ids)
   B, T, H, _ = v.shape
   acc = jnp.result_type(jnp.float32, m0.dtype, k_w.dtype, v.dtype, g.dtype, beta.dtype, q_w.dtype)
-  table = jnp.broadcast_to(m0.astype(acc), (B, *m0.shape[-3:]))
+  m0 = m0.astype(acc)
   if 0 in (B, T, H, dims["N"], dims["V"]):  # nothing to run: no token, or no entry to write or read
-    return jnp.zeros(v.shape, v.dtype), table if output_final_state else None
-  chunk_size = chunk_size_for(chunk_size, T)
-  floats = [x.astype(acc) for x in (k_w, v, g, beta, q_w)]
-  k_w, v32, g, beta, q_w = floats
-  if impl == "scan":
-    o, final = sparse_delta_scan(table, k_idx, k_w, v32, g, beta, q_idx, q_w, starts)
-  elif impl == "pallas":
-    # m0 unbroadcast (what a replay starts from) and v in its own dtype (the kernels read it as fp32): the same
-    # bits as the fp32 copies, without keeping them for the backward.
-    o, final = sparse_delta_pallas(m0.astype(acc), k_idx, k_w, v, g, beta, q_idx, q_w, rows_dtype=rows_dtype,
-                                   rows_segments=rows_segments, table_dtype=table_dtype,
-                                   table_grad_dtype=table_grad_dtype, starts=starts,
-                                   distinct_slots=distinct_slots, launch=launch)
-  else:
-    C = chunk_size
-    pad = -T % C
-    # Padded tokens write and read with weight 0 and do not decay (g = 0): they change nothing.
-    pad_t = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    padded = map(pad_t, (k_idx, k_w, v32, g, beta, q_idx, q_w))
-    if starts is None:
-      o, final = sparse_delta_chunk(table, *padded, C)
-    else:  # the padded tokens end the row's last run
-      o, final = sparse_delta_chunk_packed(m0.astype(acc), *padded, pad_t(starts), C)
-    o = o[:, :T]
+    return jnp.zeros(v.shape, v.dtype), _batch_table(m0, B) if output_final_state else None
+  k_w, g, beta, q_w = (x.astype(acc) for x in (k_w, g, beta, q_w))
+  o, final = implementation.run(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts, distinct_slots)
   return o.astype(v.dtype), final if output_final_state else None

@@ -35,6 +35,7 @@ run's write slots and m0 elsewhere. Padding is masked by the caller: zero weight
 a token found, bit for bit.
 """
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -43,9 +44,11 @@ import jax.numpy as jnp
 
 from pallas_kernels.sparse_tokens import DEFAULT_LAUNCH, check_launch, sparse_tokens_bwd, sparse_tokens_fwd
 from sdm_jax.ops.pallas import interpret, next_pow2
+from sdm_jax.ops.sparse_chunk import ChunkConfig
 
 MIN_DIM = 16  # entries (W, R) and value columns are padded to powers of two >= 16
 ROWS_DTYPES = ("float32", "bfloat16")  # the first is the default: the exact backward (and the exact table)
+DEFAULT_LAUNCHES = (DEFAULT_LAUNCH,) * 2  # the token kernels' (forward, backward) launch
 
 
 def _dtype_name(argument, value):
@@ -58,30 +61,45 @@ def _dtype_name(argument, value):
   return name
 
 
-def check_rows_options(rows_dtype, rows_segments, table_dtype="float32", table_grad_dtype="float32"):
-  """ValueError unless rows_dtype, table_dtype and table_grad_dtype are among ROWS_DTYPES (names or dtypes) and
-  rows_segments an int >= 1. Returns (rows, table, table gradient dtype names); a bf16 table saves its rows in bf16
-  whatever rows_dtype."""
-  rows_name, table_name = _dtype_name("rows_dtype", rows_dtype), _dtype_name("table_dtype", table_dtype)
-  grad_name = _dtype_name("table_grad_dtype", table_grad_dtype)
-  if isinstance(rows_segments, bool) or not isinstance(rows_segments, int) or rows_segments < 1:
-    raise ValueError(f"rows_segments: expected an int >= 1, got {rows_segments!r}")
-  return ("bfloat16" if table_name == "bfloat16" else rows_name), table_name, grad_name
-
-
-DEFAULT_LAUNCHES = (DEFAULT_LAUNCH,) * 2  # the token kernels' (forward, backward) launch
-
-
-def check_launches(launch):
-  """The token kernels' (forward, backward) launch settings, each (block_v, num_warps) (sparse_tokens.Launch; the
-  grid is (B, H, V / block_v)), as a pair of Launch; None: DEFAULT_LAUNCHES. ValueError naming `launch` otherwise.
-  The results do not depend on them beyond the order of the per-tile sums of the per-entry cotangents."""
+def _launches(launch):
+  """launch, (forward, backward) launch settings each (block_v, num_warps), as a pair of sparse_tokens.Launch (None:
+  DEFAULT_LAUNCHES), or ValueError naming launch."""
   if launch is None:
     return DEFAULT_LAUNCHES
   if not isinstance(launch, (tuple, list)) or len(launch) != 2:
     raise ValueError(f"launch: expected (forward, backward) launch settings, each (block_v, num_warps), got "
                      f"{launch!r}")
   return check_launch("launch[0] (forward)", launch[0]), check_launch("launch[1] (backward)", launch[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasConfig(ChunkConfig):
+  """What impl="pallas" runs with (the module docstring). rows_dtype, rows_segments: what the backward gets the rows
+  each token found from (saved in rows_dtype, or replayed from m0 for all but the last of rows_segments token
+  segments); table_dtype: what the table is stored in while the kernels walk the tokens; table_grad_dtype: what the
+  backward stores the table's cotangent in (each one of ROWS_DTYPES, given by name or dtype, held by name);
+  launch: the token kernels' (forward, backward) launch settings, each (block_v, num_warps) (`sparse_tokens.Launch`;
+  the grid is (B, H, V / block_v)), None for DEFAULT_LAUNCHES: a tuning knob, the results the same up to the order
+  of the per-tile sums of the per-entry cotangents. chunk_size is checked like the chunked form's, since the op takes
+  one whatever impl runs, and unused: the kernels walk the tokens. ValueError naming the field otherwise."""
+  rows_dtype: str = ROWS_DTYPES[0]
+  rows_segments: int = 1
+  table_dtype: str = ROWS_DTYPES[0]
+  table_grad_dtype: str = ROWS_DTYPES[0]
+  launch: Any = DEFAULT_LAUNCHES
+
+  def __post_init__(self):
+    super().__post_init__()
+    for name in ("rows_dtype", "table_dtype", "table_grad_dtype"):
+      object.__setattr__(self, name, _dtype_name(name, getattr(self, name)))
+    if isinstance(self.rows_segments, bool) or not isinstance(self.rows_segments, int) or self.rows_segments < 1:
+      raise ValueError(f"rows_segments: expected an int >= 1, got {self.rows_segments!r}")
+    object.__setattr__(self, "launch", _launches(self.launch))
+
+  @property
+  def saved_rows_dtype(self):
+    """The dtype the rows are saved in: rows_dtype, but bf16 with a bf16 table (its rows are bf16 already)."""
+    return ROWS_DTYPES[1] if self.table_dtype == ROWS_DTYPES[1] else self.rows_dtype
 
 
 def _slot_groups(idx):
@@ -243,19 +261,20 @@ def _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct):
   return (packed.k_code, *args[1:6], packed.q_code, args[7])
 
 
-def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, rows_dtype=ROWS_DTYPES[0], rows_segments=1,
-             table_dtype=ROWS_DTYPES[0], packed=None, distinct=False, launch=DEFAULT_LAUNCHES):
-  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to table_dtype here); packed: Packed or
-  None; distinct: no token lists a slot twice; launch: the kernels' (forward, backward) Launch; the rest as the
-  op's."""
+def _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, save, config, packed, distinct):
+  """m0: [H, N, V] or [B, H, N, V] fp32 (broadcast over the batch and cast to the table dtype here); save: whether
+  the backward's rows are saved (the rows options apply only then); config: PallasConfig; packed: Packed or None;
+  distinct: no token lists a slot twice; the rest as the op's."""
   B, T = v.shape[:2]
-  bounds = segment_bounds(T, rows_segments)
+  bounds = segment_bounds(T, config.rows_segments if save else 1)
+  rows_dtype = config.saved_rows_dtype if save else ROWS_DTYPES[0]
+  table_dtype = config.table_dtype
   args = _kernel_forward_args(k_idx, k_w, v, g, beta, q_idx, q_w, packed, distinct)
   stale_rows = _stale_rows(m0, packed, table_dtype)
   table, kernel_table_dtype = _start_table(m0, B, packed, table_dtype)
   raw, o, *rows = sparse_tokens_fwd(table, *args, m0=stale_rows, table_dtype=kernel_table_dtype,
                                     save_rows=save, rows_dtype=jnp.dtype(rows_dtype), rows_from=bounds[-2],
-                                    **launch[0]._asdict(), interpret=interpret())
+                                    **config.launch[0]._asdict(), interpret=interpret())
   final = raw if packed is None else jnp.where(packed.written_last[..., None], raw, stale_rows.astype(table_dtype))
   if not save:
     return (_tokens(o), final), None
@@ -314,30 +333,27 @@ def _token_slice(args, lo, hi):  # [B, H, T, ...] arrays -> their tokens lo..hi-
   return tuple(x[:, :, lo:hi] for x in args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13, 14))
-def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype,
-                         table_grad_dtype, distinct, launch):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, table_dtype=table_dtype, packed=packed,
-                  distinct=distinct, launch=launch)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10))
+def _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, config, distinct):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, False, config, packed, distinct)[0]
 
 
-def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments, table_dtype, table_grad_dtype,
-         distinct, launch):
-  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, rows_dtype, rows_segments, table_dtype, packed,
-                  distinct, launch)
+def _fwd(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, config, distinct):
+  return _forward(m0, k_idx, k_w, v, g, beta, q_idx, q_w, True, config, packed, distinct)
 
 
-def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, launch, residuals, cotangents):
+def _bwd(config, distinct, residuals, cotangents):
   """Walks the rows segments last to first. The last one's rows are saved; each earlier one's come from a replay
   of the forward over tokens 0..hi-1 from m0, which also gives the table after token hi - 1 that its backward
   starts from (the same bits as the forward's: the same kernel on the same inputs). Packed (residuals.packed), the
   final table's cotangent splits between dM (the last run's write slots) and dM0 (elsewhere, where the final table
-  is m0), and the kernels add to dM0 as they go; the dM they leave is then 0. dM is held in table_grad_dtype, dM0
-  and the returned gradient of m0 in fp32."""
+  is m0), and the kernels add to dM0 as they go; the dM they leave is then 0. dM is held in config.table_grad_dtype,
+  dM0 and the returned gradient of m0 in fp32."""
   d_o, d_final = cotangents
   r = residuals
   B, T = r.v.shape[:2]
-  bounds = segment_bounds(T, rows_segments)
+  bounds = segment_bounds(T, config.rows_segments)
+  table_dtype, launch = config.table_dtype, config.launch
   tokens = _backward_tokens(r, d_o, distinct)
   forward_args = None  # the replay's: the backward's per-token arrays, with q_w
   if len(bounds) > 2:
@@ -348,7 +364,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
   if r.packed is not None:
     last = r.packed.written_last[..., None]
     d_table, d_m0 = jnp.where(last, d_table, 0.0), jnp.where(last, 0.0, d_table)
-  d_table = d_table.astype(table_grad_dtype)
+  d_table = d_table.astype(config.table_grad_dtype)
   tile_sum = lambda x: jnp.sum(x, axis=2)  # the kernel's per value tile partial sums
   stale_rows = _stale_rows(r.m0, r.packed, table_dtype)
   pieces = []
@@ -361,7 +377,7 @@ def _bwd(rows_dtype, rows_segments, table_dtype, table_grad_dtype, distinct, lau
       start, kernel_table_dtype = _start_table(m0, B, r.packed, table_dtype)
       table, _, rows, *reads = sparse_tokens_fwd(start, *_token_slice(forward_args, 0, hi), m0=stale_rows,
                                                  table_dtype=kernel_table_dtype,
-                                                 rows_dtype=jnp.dtype(rows_dtype), rows_from=lo,
+                                                 rows_dtype=jnp.dtype(config.saved_rows_dtype), rows_from=lo,
                                                  **launch[0]._asdict(), interpret=interpret())
       reads = reads[0] if reads else None
     args = _kernel_args(table, d_table, BackwardTokens(*_token_slice(tokens, lo, hi)), rows)
@@ -392,21 +408,15 @@ def _pad_entries(idx, w):
   return rep(idx, idx[..., :1]), rep(w, jnp.zeros_like(w[..., :1]))
 
 
-def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="float32", rows_segments=1,
-                        table_dtype="float32", table_grad_dtype="float32", starts=None, distinct_slots=False,
-                        launch=None):
+def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, config=PallasConfig(), *, starts=None,
+                        distinct_slots=False):
   """Same contract as `sparse_delta_chunk` without chunks (any T; m0 [H, N, V] or [B, H, N, V] fp32, floats fp32
   but v, which may be bf16: the kernels read it as fp32, and o comes in v's dtype; the final table fp32).
-  rows_dtype, rows_segments: what the backward gets its rows from; table_dtype: what the table is stored in;
-  table_grad_dtype: what the backward stores the table's cotangent in (the module docstring). starts: None or
-  [B, T] bool, where packed documents start (each from m0; padding already masked by the caller:
-  `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no token lists
-  a slot twice in k_idx, nor in q_idx: the per-slot weights are then the entries' own, with no sort (not where W or R
-  is padded, which repeats a slot). launch: None or the token kernels' (forward, backward) launch settings, each
-  (block_v, num_warps) (`check_launches`)."""
-  rows_dtype, table_dtype, table_grad_dtype = check_rows_options(rows_dtype, rows_segments, table_dtype,
-                                                                 table_grad_dtype)
-  launch = check_launches(launch)
+  config: PallasConfig, what the backward gets its rows from, what the table and its cotangent are stored in and
+  the kernels' launch settings. starts: None or [B, T] bool, where packed documents start (each from m0; padding
+  already masked by the caller: `sparse_delta.sparse_delta_rule`). distinct_slots: the caller's promise that no
+  token lists a slot twice in k_idx, nor in q_idx: the per-slot weights are then the entries' own, with no sort (not
+  where W or R is padded, which repeats a slot)."""
   B, T, _, V = v.shape
   widths = k_idx.shape[-1], q_idx.shape[-1]
   k_idx, k_w = _pad_entries(k_idx.astype(jnp.int32), k_w)
@@ -417,8 +427,7 @@ def sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, rows_dtype="f
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, Vp - V)])
     m0 = jnp.pad(m0, [(0, 0)] * (m0.ndim - 1) + [(0, Vp - V)])
   packed = None if starts is None else packed_codes(k_idx, q_idx, starts, m0.shape[-2])
-  if packed is None and len(segment_bounds(T, rows_segments)) == 2:  # no replay: the batch's table is all it needs
+  if packed is None and len(segment_bounds(T, config.rows_segments)) == 2:  # no replay: the batch's table is all it needs
     m0 = _batch_table(m0, B)
-  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, rows_dtype, rows_segments,
-                                  table_dtype, table_grad_dtype, distinct, launch)
+  o, final = _sparse_delta_pallas(m0, k_idx, k_w, v, g, beta, q_idx, q_w, packed, config, distinct)
   return o[..., :V], final[..., :V].astype(jnp.float32)

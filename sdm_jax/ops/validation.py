@@ -6,23 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("scan", "chunk", "pallas")
-AUTO = "auto"  # every op's default: "pallas" on a GPU, its XLA impl elsewhere (see resolve_impl)
+AUTO = "auto"  # every op's default impl: the first of its registry supported on the backend (`implementations.pick`)
 
 
 def on_gpu():
   """The one backend check: whether jax's default backend is a GPU."""
   return jax.default_backend() == "gpu"
-
-
-def resolve_impl(impl, impls=IMPLS, fallback="chunk"):
-  """The impl that runs: "auto" becomes "pallas" on a GPU and `fallback` elsewhere; any other name must be in
-  `impls` (ValueError otherwise). Called once per op, at trace time."""
-  if impl == AUTO:
-    return "pallas" if on_gpu() else fallback
-  if impl not in impls:
-    raise ValueError(f"impl: expected one of {(AUTO, *impls)}, got {impl!r}")
-  return impl
 
 
 def _fmt(names, dims):
@@ -51,15 +40,6 @@ def check_shape(name, x, names, dims):
     if n in dims and dims[n] != size:
       raise ValueError(f"{name}: expected shape {_fmt(names, dims)}, got {shape} (dimension {n} is {size}, expected {dims[n]})")
     dims.setdefault(n, size)
-
-
-def check_options(impl, chunk_size, *, rule=False):
-  """Checks the options of a recurrence op; returns the impl that runs (`resolve_impl`). chunk_size must be an
-  integer (not a bool, a float or a string) and a power of two, or None where the op has a rule for it (rule=True:
-  the dense ops, `delta_rule.chunk_size_of`)."""
-  impl = resolve_impl(impl)
-  check_chunk_size(chunk_size, rule=rule)
-  return impl
 
 
 def check_chunk_size(chunk_size, *, rule=False):

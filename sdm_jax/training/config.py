@@ -138,8 +138,8 @@ def check_config(config, *, device_count=1):
   from sdm_jax.models import default_config as default_model_config
   from sdm_jax.models.lm import DTYPES, REMAT_POLICIES
   from sdm_jax.ops import MIXERS
-  from sdm_jax.ops.product_key import ADDRESS_IMPLS
-  from sdm_jax.ops.validation import AUTO, IMPLS
+  from sdm_jax.ops import delta_rule, product_key, sparse_delta
+  from sdm_jax.ops.validation import AUTO
 
   _check_fields("config", config, ("seed", "model", "data", "train"))
   check_choice("config.data.name", config.data.get("name"), tuple(TASKS))
@@ -149,9 +149,9 @@ def check_config(config, *, device_count=1):
   _check_data(config.data)
   model = config.model
   check_choice("config.model.mixer", model.mixer, tuple(MIXERS))
-  check_choice("config.model.impl", model.impl, (AUTO, *IMPLS))
-  check_choice("config.model.sdm.impl", model.sdm.impl, (AUTO, *IMPLS))
-  check_choice("config.model.sdm.address_impl", model.sdm.address_impl, (AUTO, *ADDRESS_IMPLS))
+  check_choice("config.model.impl", model.impl, (AUTO, *delta_rule.IMPLEMENTATIONS))
+  check_choice("config.model.sdm.impl", model.sdm.impl, (AUTO, *sparse_delta.IMPLEMENTATIONS))
+  check_choice("config.model.sdm.address_impl", model.sdm.address_impl, (AUTO, *product_key.IMPLEMENTATIONS))
   check_choice("config.model.remat", model.remat, tuple(REMAT_POLICIES))
   check_choice("config.model.dtype", model.dtype, tuple(DTYPES))
   _check_positive(config, ("train.steps", "train.log_every", "train.eval_every", "train.eval_batches",

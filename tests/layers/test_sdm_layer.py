@@ -102,3 +102,31 @@ def test_num_slots_must_be_a_square():
   with pytest.raises(ValueError, match="num_slots"):
     SparseDeltaMemory(WIDTH, num_heads=H, num_slots=60, topk_write=W, topk_read=R, key_dim=KEY_DIM, value_dim=V,
                       rngs=nnx.Rngs(0))
+
+
+def _layer_with(impl, **options):
+  return SparseDeltaMemory(WIDTH, num_heads=H, num_slots=N, topk_write=W, topk_read=R, key_dim=KEY_DIM, value_dim=V,
+                           impl=impl, rngs=nnx.Rngs(0), **options)
+
+
+def test_the_ops_options_are_checked_when_the_layer_is_built():
+  with pytest.raises(ValueError, match=r"^table_dtype: an option of impl='pallas'"):
+    _layer_with("chunk", table_dtype="bfloat16")
+  with pytest.raises(ValueError, match=r"^rows_segments: expected an int >= 1, got 0"):
+    _layer_with("auto", rows_segments=0)
+  with pytest.raises(ValueError, match=r"^table_dtyp: no config"):
+    _layer_with("auto", table_dtyp="bfloat16")
+
+
+def test_decoding_runs_the_scan_without_the_pallas_options():
+  """The options are the layer's impl's: a step (the scan) runs without them, from the cache prefill leaves."""
+  layer = _layer_with("pallas", table_dtype="bfloat16", rows_segments=2)
+  x = inputs(5)
+  _, cache = layer.prefill(x[:, :3])
+  y, cache = layer.step(x[:, 3], cache)
+  reference = _layer_with("scan")
+  _, expected = reference.prefill(x[:, :3])
+  expected_y, _ = reference.step(x[:, 3], expected)
+  assert y.shape == (B, WIDTH) and cache["M"].dtype == jnp.float32
+  # The prefill ran the bf16 table, the step the fp32 scan: the outputs agree to bf16's rounding of the table.
+  assert relative_error(y, expected_y) <= 1e-2

@@ -3,14 +3,16 @@ so it follows the impl and, through impl="auto", the device; an explicit chunk_s
 program. The device check is `validation.on_gpu` (jax.default_backend), monkeypatched here; the spies record what
 reaches the implementations and run nothing."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from sdm_jax import ops
-from sdm_jax.ops import delta_rule
+from sdm_jax.ops import delta_rule, sparse_delta
 from sdm_jax.ops.pallas import PallasOpSettings
-from sdm_jax.ops.validation import check_options
+from sdm_jax.ops.validation import check_chunk_size
 from sdm_jax.testing.inputs import make_inputs, seed_of
 from sdm_jax.testing.runs import call, value_dim
 
@@ -85,7 +87,7 @@ def test_an_explicit_chunk_size_wins(monkeypatch, ran, backend, impl, chunk_size
 
 def test_the_rules_are_the_measured_ones():
   """impl="pallas": chunk 32 (sdm_jax/ops/pallas.py cites the H200 records); impl="chunk": 64 clamped to T."""
-  assert PallasOpSettings.default() == PallasOpSettings(chunk_size=32)
+  assert PallasOpSettings.defaults() == PallasOpSettings(chunk_size=32)
   assert [delta_rule.chunk_size_of("pallas", None, T) for T in (1, 200, 32768)] == [32] * 3
   assert [delta_rule.chunk_size_of("chunk", None, T) for T in (1, 17, 33, 200)] == [16, 32, 64, 64]
   assert delta_rule.chunk_size_of("pallas", 64, 200) == 64 and delta_rule.chunk_size_of("chunk", 16, 200) == 16
@@ -101,6 +103,7 @@ def test_the_default_changes_no_program(impl, chunk_size):
 
 
 def test_none_is_no_chunk_size_for_the_sdm_op():
-  with pytest.raises(ValueError, match=r"\bchunk_size\b"):
-    check_options("chunk", None)
-  assert check_options("chunk", None, rule=True) == "chunk"
+  for implementation in sparse_delta.IMPLEMENTATIONS.values():  # each config checks the op's chunk_size
+    with pytest.raises(ValueError, match=r"\bchunk_size\b"):
+      dataclasses.replace(implementation.config, chunk_size=None)
+  check_chunk_size(None, rule=True)  # the dense ops' rule takes None

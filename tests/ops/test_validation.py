@@ -11,9 +11,9 @@ import pytest
 
 from sdm_jax import ops
 from sdm_jax.ops import product_key_address, sparse_delta_rule
-from sdm_jax.ops.product_key import ADDRESS_IMPLS
+from sdm_jax.ops.delta_rule import IMPLEMENTATIONS
+from sdm_jax.ops.sparse_delta import IMPLEMENTATIONS as SPARSE_IMPLEMENTATIONS
 from sdm_jax.ops.validation import on_gpu
-from sdm_jax.ops.validation import IMPLS, resolve_impl
 from sdm_jax.testing.inputs import make_inputs, seed_of
 from sdm_jax.testing.runs import MIXERS, arg_names, call, value_dim
 
@@ -150,14 +150,6 @@ def test_sparse_auto_is_chunk_and_address_auto_is_xla_off_the_gpu():
   assert _same_program(address, _address_inputs(seed_of("address auto")), {"impl": "xla"})
 
 
-def test_auto_resolves_to_pallas_on_a_gpu(monkeypatch):
-  assert resolve_impl("auto") == "chunk" and resolve_impl("auto", ADDRESS_IMPLS, fallback="xla") == "xla"
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert resolve_impl("auto") == "pallas"
-  assert resolve_impl("auto", ADDRESS_IMPLS, fallback="xla") == "pallas"
-  assert [resolve_impl(impl) for impl in IMPLS] == list(IMPLS)  # an explicit impl is never replaced
-
-
 @pytest.mark.parametrize("chunk_size", [48, 0])
 def test_chunk_size_not_a_power_of_two(chunk_size):
   with pytest.raises(ValueError, match=_word("chunk_size")):
@@ -187,7 +179,7 @@ def test_an_empty_dimension_gives_an_empty_result_for_every_impl(mixer):
   Vm = value_dim(mixer, K, V)
   for shape in EMPTY_SHAPES:
     inputs = make_inputs(mixer, *shape, K, Vm, 0.1, "random", seed_of("empty", mixer, shape))
-    for impl in IMPLS:
+    for impl in IMPLEMENTATIONS:
       o, state = call(mixer, inputs, impl=impl, output_final_state=True)
       assert o.shape == (*shape, Vm) and o.dtype == inputs["v"].dtype, (shape, impl)
       np.testing.assert_array_equal(state, inputs["initial_state"])
@@ -200,12 +192,13 @@ def test_an_empty_dimension_gives_an_empty_result_for_every_impl(mixer):
 def test_an_empty_dimension_of_the_generalized_rule_and_the_sparse_op():
   rng = np.random.default_rng(seed_of("empty rule"))
   state = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
-  for impl in IMPLS:
+  for impl in IMPLEMENTATIONS:
     q, u, e = (jnp.ones((B, 0, H, K)) for _ in range(3))
     o, final = ops.generalized_delta_rule(q, u, e, jnp.ones((B, 0, H, V)), -jnp.ones((B, 0, H)),
                                           initial_state=state, impl=impl)
     assert o.shape == (B, 0, H, V)
     np.testing.assert_array_equal(final, state)
+  for impl in SPARSE_IMPLEMENTATIONS:
     for axis in (0, 1, 2):  # B, T, H
       inputs = _sparse_inputs(seed_of("empty sdm", axis), **{"BTH"[axis]: 0})
       o, table = sparse_delta_rule(**inputs, impl=impl, output_final_state=True)

@@ -172,13 +172,14 @@ def test_forward_without_gradient_leaves_out_the_saved_rows(rows_dtype, rows_seg
   """The rows the backward needs (T x W x V per head, the op's largest array) are written only when a
   gradient is taken: a forward-only trace has no array of their shape, a gradient trace has one, in rows_dtype,
   for the last segment's tokens."""
-  from sdm_jax.ops.sparse_pallas import sparse_delta_pallas
+  from sdm_jax.ops.sparse_pallas import PallasConfig, sparse_delta_pallas
   B, T, H, N, V, W = 1, 48, 1, 64, 32, 16
   f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
   idx = jnp.zeros((B, T, H, W), jnp.int32)
   gate = f32(B, T, H)
+  config = PallasConfig(rows_dtype=rows_dtype, rows_segments=rows_segments)
   run = lambda table: sparse_delta_pallas(table, idx, f32(B, T, H, W), f32(B, T, H, V), gate, gate, idx,
-                                          f32(B, T, H, W), rows_dtype=rows_dtype, rows_segments=rows_segments)
+                                          f32(B, T, H, W), config)
   rows = f"{JAXPR_DTYPES[rows_dtype]}[{B},{H},{saved_tokens},{W},{V}]"
   table = f32(H, N, V)
   assert rows not in str(jax.make_jaxpr(run)(table))
