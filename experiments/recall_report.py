@@ -1,10 +1,10 @@
 r"""The recall protocol's report (experiments/configs/recall.py, benchmarks/recall/protocol.sh): reads finished sweep
 runs of recall.py's variants and writes one piece's tables, plots and verdicts.
 
-  python -m experiments.recall_report --piece=lr_pilot --workdirs=runs/recall_protocol/pilot_mqar \
-      --out=runs/recall_protocol/pilot_mqar/report
+  python -m experiments.recall_report --piece=lr_pilot --workdirs=runs/recall_protocol/mqar,runs/recall_protocol/niah \
+      --out=runs/recall_protocol/report_lr_pilot
   python -m experiments.recall_report --piece=outcomes --workdirs=runs/recall_protocol/mqar,runs/recall_protocol/niah \
-      --rates=benchmarks/recall/protocol/pilot_mqar_rates.json --out=runs/recall_protocol/report
+      --rates=runs/recall_protocol/report_lr_pilot_rates.json --out=runs/recall_protocol/report
 
 --piece: sanity (full attention at each MQAR setting: its best learning rate must reach recall.STOP_AT_ACCURACY in
 every seed, or the protocol is broken), lr_pilot (each model's rates at the pilot; the rate picked by mean accuracy,
