@@ -20,7 +20,8 @@ d/dg: every term is attributed to exactly the log decays it spans (pair terms th
 an exclusive cumsum), both as 0/1 dots, never as a difference of two large sums, so a gradient as
 small as exp(-30) keeps its relative precision.
 
-Launch settings: `StatePassBwdSettings` and `IntraChunkBwdSettings` (None: the rule each classmethod holds).
+Launch settings: `StatePassBwdSettings` and `IntraChunkBwdSettings` (`launch.LaunchSettings`; None: each one's
+`defaults` for the shape).
 """
 
 import dataclasses
@@ -32,9 +33,10 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_fwd import (DocumentMasks, StatePassSettings, check_block_v, chunk_decay, chunk_decays,
-                                           chunk_spec, columns, decays_spec, document_masks, document_spec,
-                                           last_decays, masked, params, seq_spec, split_documents, state_dot,
-                                           state_spec, states_spec)
+                                           chunk_shape, chunk_spec, columns, decays_spec, document_masks,
+                                           document_spec, last_decays, masked, params, seq_spec, split_documents,
+                                           state_dot, state_spec, states_spec)
+from pallas_kernels.launch import named_call, one_at_a_time, require
 
 
 def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, Aqk_ref, do_ref, dht_ref, dr_ref,
@@ -56,8 +58,8 @@ def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, 
 
 @dataclasses.dataclass(frozen=True)
 class StatePassBwdSettings(StatePassSettings):
-  """Launch settings of `state_pass_bwd`: the forward pass's fields and its rule (`StatePassSettings.for_shape`,
-  with d_o's dtype), both measured on the two passes together."""
+  """Launch settings of `state_pass_bwd`: the forward pass's fields, rule and candidates (`StatePassSettings`, with
+  d_o's dtype), measured on the two passes together."""
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "settings", "interpret"))
@@ -70,7 +72,8 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, int
   B, T, H, K = c.q_decayed.shape
   V = d_o.shape[-1]
   N = T // chunk_size
-  s = StatePassBwdSettings.for_shape(chunk_size, B, H, K, V, d_o.dtype) if settings is None else settings
+  shape = chunk_shape(c.q_decayed, d_o, chunk_size, d_o.dtype)
+  s = StatePassBwdSettings.defaults(shape) if settings is None else settings
   check_block_v(s, V)
   block_v = s.block_v
   return pl.pallas_call(
@@ -246,13 +249,23 @@ class IntraChunkBwdSettings:
   sub_block: int
 
   @classmethod
-  def default(cls, chunk_size):
-    """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+  def defaults(cls, shape):
+    """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
+    takes chunk 32's, untimed."""
     # Key blocks, warps, stages and sub-blocks from the H200 sweeps; value_block not swept; the one-decay pass 4
     # takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md, launch settings).
+    chunk_size, = require(shape, cls.__name__, "chunk_size")
     warps = 2 if chunk_size <= 32 else 4
     return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
                sub_block=4)
+
+  @classmethod
+  def candidates(cls, shape):
+    return one_at_a_time(cls, shape, key_block=(16, 64), value_block=(16, 64), num_warps=(2, 4, 8),
+                         num_stages=(1, 3), pair_key_block=(16, 64), pair_warps=(2, 4, 8), sub_block=(2, 8))
+
+
+SETTINGS = (StatePassBwdSettings, IntraChunkBwdSettings)
 
 
 def parts_spec(C, K):
@@ -271,9 +284,9 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   forward's `intra_chunk` read (packed sequences). dg is the gradient with respect to the g the forward's cumsum G
   summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
-  settings: `IntraChunkBwdSettings` (None: its default for chunk_size).
+  settings: `IntraChunkBwdSettings` (None: its defaults at chunk_size).
   """
-  s = IntraChunkBwdSettings.default(chunk_size) if settings is None else settings
+  s = IntraChunkBwdSettings.defaults(chunk_shape(q, z, chunk_size, z.dtype)) if settings is None else settings
   B, T, H, K = q.shape
   V = z.shape[-1]
   C = chunk_size
@@ -301,32 +314,22 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
       interpret=interpret,
       name="delta_rule_intra_chunk_bwd",
   )(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *extra[0])
-  grads = (jax.ShapeDtypeStruct((B, T, H, K), io),) * 3 + (dg_shape,)
-  if scalar_decay:
-    whole, pair = chunk_spec(C, K), chunk_spec(C, C)
-    dq, du, de, dg = pl.pallas_call(
-        functools.partial(_scalar_pair_bwd_kernel, scale=scale, key_block=pkb, interpret=interpret),
-        out_shape=grads,
-        grid=(B, H, T // C),
-        in_specs=[whole] * 3 + [chunk_spec(C), pair, pair, parts_spec(C, K), chunk_spec(C)],
-        out_specs=(whole,) * 3 + (chunk_spec(C),),
-        input_output_aliases={7: 3},
-        compiler_params=params(s.pair_warps),
-        interpret=interpret,
-        name="delta_rule_pair_bwd",
-    )(q, u, e, G, d_t, d_Aqk, parts, dg)
-    return dq, du, de, dz, dg
-  block = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
-  pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
-  dq, du, de, dg = pl.pallas_call(
-      functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, interpret=interpret),
-      out_shape=grads,
-      grid=(B, H, T // C, K // pkb),
-      in_specs=[block] * 4 + [pair] * 2 + [pl.BlockSpec((3, sq, C, sq, pkb), lambda b, h, n, i: (0, b, n, h, i)), block],
-      out_specs=(block,) * 4,
-      input_output_aliases={7: 3},
-      compiler_params=params(s.pair_warps),
-      interpret=interpret,
-      name="delta_rule_pair_bwd",
-  )(q, u, e, G, d_t, d_Aqk, parts, dg)
+  key_grad = jax.ShapeDtypeStruct((B, T, H, K), io)
+  if scalar_decay:  # one chunk per program
+    grid = (B, H, T // C)
+    kernel = functools.partial(_scalar_pair_bwd_kernel, scale=scale, key_block=pkb, interpret=interpret)
+    keys, g_spec, pair, terms = chunk_spec(C, K), chunk_spec(C), chunk_spec(C, C), parts_spec(C, K)
+  else:  # one key block of one chunk per program
+    grid = (B, H, T // C, K // pkb)
+    kernel = functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, interpret=interpret)
+    keys = g_spec = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
+    pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))
+    terms = pl.BlockSpec((3, sq, C, sq, pkb), lambda b, h, n, i: (0, b, n, h, i))
+  dq, du, de, dg = named_call(
+      kernel,
+      dict(q=(q, keys), u=(u, keys), e=(e, keys), G=(G, g_spec), d_t=(d_t, pair), d_Aqk=(d_Aqk, pair),
+           parts=(parts, terms), dg=(dg, g_spec)),
+      dict(dq=(key_grad, keys), du=(key_grad, keys), de=(key_grad, keys), dg=(dg_shape, g_spec)),
+      in_place=("dg",),  # pass 4 adds its terms of dg to pass 2's
+      grid=grid, compiler_params=params(s.pair_warps), interpret=interpret, name="delta_rule_pair_bwd")
   return dq, du, de, dz, dg

@@ -31,7 +31,8 @@ every kernel, backward included, takes its rank as the sign and reads one decay 
 
 Between the kernels the per-chunk tensors travel as one `ChunkTensors`, selected by name. Each launching function
 takes its launch settings as one frozen dataclass (`ChunkCumsumSettings`, `IntraChunkSettings`,
-`StatePassSettings`; None: the rule its classmethod holds, beside the measurement it came from).
+`StatePassSettings`: `launch.LaunchSettings`; None: its `defaults` for the shape, the rule beside the measurement it
+came from).
 """
 
 import dataclasses
@@ -44,6 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels import chunk_math as cm
+from pallas_kernels.launch import Shape, one_at_a_time, require
 from pallas_kernels.mixer_inputs import FORMED, row_norms
 
 
@@ -283,10 +285,15 @@ class ChunkCumsumSettings:
   num_warps: int
 
   @classmethod
-  def default(cls):
+  def defaults(cls, shape=None):
+    """4 warps at every shape."""
     # 2, 4 and 8 warps are within a few percent of each other at chunk 32 and 64 on the H200
     # (benchmarks/ops/README.md, launch settings).
     return cls(num_warps=4)
+
+  @classmethod
+  def candidates(cls, shape=None):
+    return one_at_a_time(cls, shape, num_warps=(2, 8))
 
 
 def chunk_cumsum(g, chunk_size, interpret=False, *, keep=None, settings=None):
@@ -295,8 +302,8 @@ def chunk_cumsum(g, chunk_size, interpret=False, *, keep=None, settings=None):
   Every kernel reads G rather than summing g itself, so all of them see the same rounding, and rows of G are
   plain loads (a Pallas launch rather than XLA's cumsum fusion: benchmarks/ops/README.md, launch settings).
   keep: None, or for packed documents [B, T] int32, nonzero where g counts (g is taken as 0 elsewhere: padding and
-  document starts), so that g needs no masking pass of its own. settings: `ChunkCumsumSettings` (None: its default)."""
-  settings = ChunkCumsumSettings.default() if settings is None else settings
+  document starts), so that g needs no masking pass of its own. settings: `ChunkCumsumSettings` (None: its defaults)."""
+  settings = ChunkCumsumSettings.defaults() if settings is None else settings
   B, T, H = g.shape[:3]
   K = g.shape[3] if g.ndim == 4 else None
   specs, arrays = [chunk_spec(chunk_size, K)], (g,)
@@ -343,11 +350,24 @@ class IntraChunkSettings:
   solve_stages: int
 
   @classmethod
-  def default(cls, chunk_size):
-    """The settings chosen from the H200 sweeps at chunk 32 and 64; chunk 16 takes chunk 32's, untimed."""
+  def defaults(cls, shape):
+    """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
+    takes chunk 32's, untimed."""
     # Key blocks, sub-blocks, warps and stages from the H200 sweeps (benchmarks/ops/README.md, launch settings).
+    chunk_size, = require(shape, cls.__name__, "chunk_size")
     return cls(key_block=32, sub_block=4, num_warps=2 if chunk_size <= 32 else 4, solve_key_block=64,
                solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2)
+
+  @classmethod
+  def candidates(cls, shape):
+    return one_at_a_time(cls, shape, key_block=(16, 64), sub_block=(2, 8), num_warps=(2, 4, 8), num_stages=(2,),
+                         solve_key_block=(32,), solve_value_block=(32,), solve_warps=(8,), solve_stages=(1, 3))
+
+
+def chunk_shape(q, v, chunk_size, io_dtype):
+  """The `Shape` of the chunk kernels' launches: q [B, T, H, K], v [.., V] (any value-side array) in io_dtype."""
+  B, T, H, K = q.shape
+  return Shape(B=B, T=T, H=H, K=K, V=v.shape[-1], dtype=jnp.dtype(io_dtype).name, chunk_size=chunk_size)
 
 
 @functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "settings",
@@ -359,16 +379,16 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
   value-side array), decay_last, and with save_inverse A (else A is None).
   documents: None, or for packed sequences [B, T] int32, at each token the document starts at or before it in its
-  chunk (the state is reset before a start, so its g has no effect; the op passes 0): both launches read it and mask the decays that
-  span a start (`DocumentMasks`). Without it the kernels are the unpacked ones. real: None, or with documents
-  [B, T] int32, 0 on padding: both launches zero q and k there (a form whose u and e vanish with k then makes a
-  padding token inert without a pass over q and k).
+  chunk (the state is reset before a start, so its g has no effect; the op passes 0): both launches read it and mask
+  the decays that span a start (`DocumentMasks`). Without it the kernels are the unpacked ones. real: None, or with
+  documents [B, T] int32, 0 on padding: both launches zero q and k there (a form whose u and e vanish with k then
+  makes a padding token inert without a pass over q and k).
 
-  Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its default
-  for chunk_size). With G [B, T, H] gram_solve forms the grams as plain dots times one decay matrix, and decay_last
+  Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its defaults
+  at chunk_size). With G [B, T, H] gram_solve forms the grams as plain dots times one decay matrix, and decay_last
   is [B, N, H]."""
-  s = IntraChunkSettings.default(chunk_size) if settings is None else settings
   io_dtype = jnp.dtype(io_dtype or arrays[1].dtype)
+  s = IntraChunkSettings.defaults(chunk_shape(q, arrays[1], chunk_size, io_dtype)) if settings is None else settings
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   form.check(K, V)
@@ -454,9 +474,9 @@ class StatePassSettings:
   num_stages: int
 
   @classmethod
-  def for_shape(cls, chunk_size, B, H, K, V, io_dtype, *, block_v=None, num_stages=None, shared_memory=None):
-    """The rule for q~ [B, T, H, K] and U [B, T, H, V] in io_dtype. block_v and num_stages given are kept (block_v
-    at most V) and the stages follow block_v.
+  def defaults(cls, shape, *, block_v=None, num_stages=None, shared_memory=None):
+    """The rule for q~ [B, T, H, K] and U [B, T, H, V] in the io dtype at chunk C (shape: B, H, K, V, dtype and
+    chunk_size). block_v and num_stages given are kept (block_v at most V) and the stages follow block_v.
 
     block_v: the widest of 64, 32, 16 that leaves at least 128 programs (else 16). Every program of a head reads
     that head's whole [C, K] tiles, so narrow tiles cost reads; wide ones leave SMs idle.
@@ -466,6 +486,7 @@ class StatePassSettings:
     of this machine's first device, `shared_memory_bytes`)."""
     # block_v, warps and stages: both state passes swept on the H200, where 2 and 8 warps were no faster than 4 and a
     # request above the shared-memory limit failed to compile (benchmarks/ops/README.md, launch settings).
+    chunk_size, B, H, K, V, io_dtype = require(shape, cls.__name__, "chunk_size", "B", "H", "K", "V", "dtype")
     if block_v is None:
       block_v = next((bv for bv in (64, 32) if B * H * (V // bv) >= 128), 16)
     block_v = min(block_v, V)
@@ -474,6 +495,12 @@ class StatePassSettings:
       budget = (shared_memory or shared_memory_bytes()) - 16 * 1024
       num_stages = int(min(3, max(1, budget // per_stage)))
     return cls(block_v=block_v, num_warps=4, num_stages=num_stages)
+
+  @classmethod
+  def candidates(cls, shape):
+    """block_v 16, 32 and 64 (each with the stages that fit it), 2 and 8 warps, and fewer stages than fit."""
+    fewer = range(1, cls.defaults(shape).num_stages)
+    return one_at_a_time(cls, shape, block_v=(16, 32, 64), num_warps=(2, 8), num_stages=fewer)
 
 
 def check_block_v(settings, V):
@@ -492,7 +519,7 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
   V = c.U.shape[-1]
   io = c.U.dtype
   N = T // chunk_size
-  s = StatePassSettings.for_shape(chunk_size, B, H, K, V, io) if settings is None else settings
+  s = StatePassSettings.defaults(chunk_shape(c.q_decayed, c.U, chunk_size, io)) if settings is None else settings
   check_block_v(s, V)
   block_v = s.block_v
   out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
@@ -511,6 +538,9 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
       interpret=interpret,
       name="delta_rule_state_pass",
   )(c.q_decayed, c.u_decayed, c.decay_last, c.Y, c.U, c.Aqk, initial_state)
+
+
+SETTINGS = (ChunkCumsumSettings, IntraChunkSettings, StatePassSettings)
 
 
 def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, interpret=False):

@@ -24,6 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jax.extend.core import Var
 
+from pallas_kernels.launch import one_at_a_time
+
 EPS = 1e-6
 
 
@@ -146,21 +148,29 @@ class MixerInputsSettings:
   num_warps: int
 
   @classmethod
-  def default(cls):
+  def defaults(cls, shape=None):
+    """32 rows at 4 warps at every shape."""
     # 16 to 64 rows at 4 or 8 warps are within a few percent of each other, near the byte floor, for GDN-2 and
     # KDA inputs on the H200 (benchmarks/ops/README.md, launch settings).
     return cls(rows=32, num_warps=4)
 
+  @classmethod
+  def candidates(cls, shape=None):
+    return one_at_a_time(cls, shape, rows=(16, 64), num_warps=(8,))
+
+
+SETTINGS = (MixerInputsSettings,)
+
 
 def mixer_inputs(build, use_qk_l2norm, io_dtype, q, k, v, *gates, settings=None, interpret=False):
   """(q, u, e, z) in io_dtype, as the reference forming (`sdm_jax.ops.inputs.reference_inputs`) gives them, in one
-  launch of settings.rows tokens per program (`MixerInputsSettings`; None: its default). Not differentiable
+  launch of settings.rows tokens per program (`MixerInputsSettings`; None: its defaults). Not differentiable
   itself: impl="pallas" differentiates the reference instead.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates (all but g) [B, T, H], [B, T, H, K] or [B, T, H, V] (any T; K and V
   as `fits` says: the caller forms other inputs by the reference).
   """
-  settings = MixerInputsSettings.default() if settings is None else settings
+  settings = MixerInputsSettings.defaults() if settings is None else settings
   rows = settings.rows
   if rows < 1 or rows & (rows - 1):
     raise ValueError(f"settings.rows: expected a power of two, got {rows}")

@@ -15,6 +15,7 @@ Launch settings: `ProductKeySettings`.
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.chunk_math import F32_DOT
+from pallas_kernels.launch import Shape, one_at_a_time, require
 
 
 def _pow2(n, floor=16):
@@ -119,8 +121,12 @@ class ProductKeySettings:
   num_warps: int
 
   @classmethod
-  def for_shape(cls, n, num_pairs):
-    """The rule for n sub-keys per half and num_pairs candidate rank pairs."""
+  def defaults(cls, shape):
+    """The rule for n = sqrt(shape.N) sub-keys per half and the top k = shape.W, through the number of candidate
+    rank pairs (`num_rank_pairs`)."""
+    N, k = require(shape, cls.__name__, "N", "W")
+    n = math.isqrt(N)
+    num_pairs = num_rank_pairs(k, n)
     # Not swept: impl="xla" stays the default, the kernel being far slower than XLA's top-k path on the H200
     # (benchmarks/ops/README.md, launch settings). num_warps: the live register tiles (one half's scores plus the
     # candidate sums and slots) at <= ~64 words a thread each.
@@ -128,6 +134,22 @@ class ProductKeySettings:
     elements = block_rows * (n_pad + 2 * _pow2(num_pairs))
     return cls(block_rows=block_rows, block_cols=min(128, n_pad),
                num_warps=min(16, max(4, _pow2(-(-elements // (32 * 64)), floor=1))))
+
+  @classmethod
+  def candidates(cls, shape):
+    """32 query rows, narrower score tiles (at most the padded n) and 4 to 16 warps."""
+    n_pad = _pow2(math.isqrt(require(shape, cls.__name__, "N")[0]))
+    return one_at_a_time(cls, shape, block_rows=(32,), block_cols=tuple(c for c in (32, 64) if c <= n_pad),
+                         num_warps=(4, 8, 16))
+
+
+SETTINGS = (ProductKeySettings,)
+
+
+def num_rank_pairs(k, n):
+  """How many rank pairs can reach the top k of n x n sums: those (i, j), i, j < min(k, n), with
+  (i + 1) (j + 1) <= k (the pairs `sdm_jax.ops.product_key.rank_pairs` lists for the kernel)."""
+  return sum(min(k // (i + 1), n) for i in range(min(k, n)))
 
 
 @functools.partial(jax.jit, static_argnames=("k", "rank_pairs", "settings", "interpret"))
@@ -140,7 +162,7 @@ def product_key_address(x1, x2, c1, c2, k, rank_pairs, *, settings=None, interpr
   selected scores) and scores [M, H, k] float32, with the tie order of product_key_topk.
   rank_pairs: static (rank1, rank2), tuples of equal length: the pairs of per-half ranks that can reach the top k
   (`sdm_jax.ops.product_key.candidate_rank_pairs`), the candidates' tie order. M, n and D need not be powers of
-  two (padded here). settings: `ProductKeySettings` (None: its rule for n and the number of pairs).
+  two (padded here). settings: `ProductKeySettings` (None: its defaults for n * n slots and k).
   """
   M, H, D = x1.shape
   n = c1.shape[1]
@@ -150,7 +172,9 @@ def product_key_address(x1, x2, c1, c2, k, rank_pairs, *, settings=None, interpr
   if rank1.shape != rank2.shape or rank1.ndim != 1 or not len(rank1):
     raise ValueError(f"rank_pairs: expected two equal-length non-empty sequences, got lengths {len(rank_pairs[0])}"
                      f" and {len(rank_pairs[1])}")
-  settings = ProductKeySettings.for_shape(n, len(rank1)) if settings is None else settings
+  if settings is None:
+    settings = ProductKeySettings.defaults(Shape(B=M, T=1, H=H, K=D, V=D, dtype=jnp.dtype(x1.dtype).name, N=n * n,
+                                                 W=k))
   block_rows, block_cols = settings.block_rows, settings.block_cols
   num_candidates = _pow2(len(rank1))
   pad_ranks = lambda r: jnp.asarray(np.pad(r, (0, num_candidates - len(r)), constant_values=-1))

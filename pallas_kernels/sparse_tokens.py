@@ -55,15 +55,32 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.launch import named_call, require
+
 
 class Launch(NamedTuple):
-  """A token kernel's launch: block_v value columns per program (a power of two >= 16, capped at V) and num_warps
-  per program (a power of two <= 32). The grid is (B, H, V / block_v): one program per (batch, head, value tile)."""
+  """A token kernel's launch settings (`launch.LaunchSettings`; the kernels take them as block_v and num_warps):
+  block_v value columns per program (a power of two >= 16, capped at V) and num_warps per program (a power of two
+  <= 32). The grid is (B, H, V / block_v): one program per (batch, head, value tile)."""
   block_v: int = 64
   num_warps: int = 8
 
+  @classmethod
+  def defaults(cls, shape=None):
+    """block_v 64 with 8 warps, forward and backward, at every shape: one wave of programs at the bench shape and
+    the fastest measured with fp32 and bf16 tables (benchmarks/sdm/README.md, launch settings)."""
+    return cls()
 
-DEFAULT_LAUNCH = Launch()
+  @classmethod
+  def candidates(cls, shape):
+    """The launches `run_h200.sh sdm_launch` sweeps, block_v capped at shape.V."""
+    V, = require(shape, cls.__name__, "V")
+    swept = ((64, 8), (64, 4), (64, 16), (32, 4), (32, 8), (128, 8), (128, 16), (16, 4))
+    return tuple(dict.fromkeys(cls(min(block_v, V), num_warps) for block_v, num_warps in swept))
+
+
+DEFAULT_LAUNCH = Launch.defaults()
+SETTINGS = (Launch,)
 
 
 def check_launch(name, launch):
@@ -200,8 +217,8 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   """Returns (final table [B, H, N, V] in table's dtype, o [B, H, T, V] in v.dtype) and with save_rows the rows
   that tokens rows_from..T-1 found before their writes, rows [B, H, T - rows_from, W, V] in rows_dtype (what the
   backward undoes the writes with; the forward itself computes with the rows as the table holds them). table: fp32,
-  or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). Launch
-  settings: block_v 64 with 8 warps, the fastest measured (benchmarks/sdm/README.md, launch settings).
+  or bf16 (each token's written rows rounded to bf16 as they are stored; the math stays fp32). block_v, num_warps:
+  the launch (`Launch`; by default its `defaults`), num_stages Triton's pipelining stages.
   Packed documents (the module docstring): table None, table_dtype the table's (fp32 or bf16; default m0's), m0
   [H, N, V] or [B, H, N, V], fp32 or the table's dtype (its rows rounded to that dtype as they are loaded), k_idx and
   q_idx coded (~slot where the token's run has not written the slot); the rows
@@ -219,29 +236,26 @@ def sparse_tokens_fwd(table, k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, *, 
   R = q_idx.shape[-1]
   block_v = min(block_v, V)
   per_head, tile, _ = _specs(block_v)
-  out_shape = [jax.ShapeDtypeStruct((B, H, N, V), dtype), jax.ShapeDtypeStruct((B, H, T, V), v.dtype)]
-  out_specs = [tile(N), tile(T)]
   if not 0 <= rows_from < T:
     raise ValueError(f"rows_from: expected a token in [0, T) = [0, {T}), got {rows_from}")
+  operands = dict(k_idx=(k_idx, per_head(T, W)), k_w=(k_w, per_head(T, W)), k_slot=(k_slot, per_head(T, W)),
+                  decay=(decay, per_head(T)), beta=(beta, per_head(T)), v=(v, tile(T)), q_idx=(q_idx, per_head(T, R)),
+                  q_w=(q_w, per_head(T, R)))
+  if packed:
+    operands["m0"] = (m0, _m0_spec(m0, block_v))
+  else:  # written in place
+    operands["table"] = (table, tile(N))
+  results = dict(table=(jax.ShapeDtypeStruct((B, H, N, V), dtype), tile(N)),
+                 o=(jax.ShapeDtypeStruct((B, H, T, V), v.dtype), tile(T)))
   if save_rows:
-    out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, W, V), rows_dtype))
-    out_specs.append(tile(T - rows_from, W))
+    results["rows"] = (jax.ShapeDtypeStruct((B, H, T - rows_from, W, V), rows_dtype), tile(T - rows_from, W))
     if packed:
-      out_shape.append(jax.ShapeDtypeStruct((B, H, T - rows_from, R, V), rows_dtype))
-      out_specs.append(tile(T - rows_from, R))
-  in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T), per_head(T, R),
-              per_head(T, R), _m0_spec(m0, block_v) if packed else tile(N)]
-  return pl.pallas_call(
-      functools.partial(_fwd_kernel, rows_from=rows_from, packed=packed, interpret=interpret),
-      out_shape=tuple(out_shape),
-      grid=(B, H, V // block_v),
-      in_specs=in_specs,
-      out_specs=tuple(out_specs),
-      input_output_aliases={} if packed else {8: 0},
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name="sparse_tokens_fwd",
-  )(k_idx, k_w, k_slot, decay, beta, v, q_idx, q_w, m0 if packed else table)
+      results["reads"] = (jax.ShapeDtypeStruct((B, H, T - rows_from, R, V), rows_dtype), tile(T - rows_from, R))
+  return named_call(
+      functools.partial(_fwd_kernel, rows_from=rows_from, packed=packed, interpret=interpret), operands, results,
+      in_place=() if packed else ("table",), grid=(B, H, V // block_v),
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages), interpret=interpret,
+      name="sparse_tokens_fwd")
 
 
 def _bwd_kernel(k_idx_ref, k_w_ref, k_slot_ref, k_first_ref, decay_ref, beta_ref, v_ref, q_idx_ref, q_slot_ref,
@@ -332,8 +346,7 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   not read that slot (`sdm_jax.ops.sparse_pallas.read_at_writes`). Returns
   (the initial table in table's dtype, its cotangent [B, H, N, V], d_v [B, H, T, V] fp32, and per value tile
   [B, H, V / block_v, T, ...]: d_k_w [W], d_q_w [R], d_g [], d_beta []), d_g for the log decay g (decay = exp(g)).
-  Launch settings: one wave of programs (block_v 64 with 8 warps at the bench shape), the fastest measured with fp32
-  and bf16 tables (benchmarks/sdm/README.md, launch settings).
+  block_v, num_warps, num_stages: the launch, as the forward's.
 
   Packed documents (the module docstring): table None, the coded k_idx, q_idx as for the forward, rows and reads the
   packed forward's (the rows each token found and read); d_m0 [B, H, N, V] fp32, the cotangent of m0 so far (updated
@@ -351,29 +364,24 @@ def sparse_tokens_bwd(table, d_table, k_idx, k_w, k_slot, k_first, decay, beta, 
   nv = V // block_v
   per_head, tile, per_tile = _specs(block_v)
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  out_shape = [jax.ShapeDtypeStruct(d_table.shape, d_table.dtype), f32(B, H, T, V), f32(B, H, nv, T, W),
-               f32(B, H, nv, T, R), f32(B, H, nv, T), f32(B, H, nv, T)]
-  out_specs = [tile(N), tile(T), per_tile(T, W), per_tile(T, R), per_tile(T), per_tile(T)]
-  in_specs = [per_head(T, W), per_head(T, W), per_head(T, W), per_head(T, W), per_head(T), per_head(T), tile(T),
-              per_head(T, R), per_head(T, R), per_head(T, W), tile(T, W), tile(T)]
-  if packed:  # reads, dM, dM0 in; dM first and dM0 last out
-    in_specs += [tile(T, R), tile(N), tile(N)]
-    out_shape.append(f32(B, H, N, V))
-    out_specs.append(tile(N))
-    aliases, tables = {13: 0, 14: 6}, (reads, d_table, d_m0)
-  else:  # table, dM in; table first out
-    in_specs += [tile(N), tile(N)]
-    out_shape.insert(0, jax.ShapeDtypeStruct(table.shape, table.dtype))
-    out_specs.insert(0, tile(N))
-    aliases, tables = {12: 0, 13: 1}, (table, d_table)
-  return pl.pallas_call(
-      functools.partial(_bwd_kernel, packed=packed, interpret=interpret),
-      out_shape=tuple(out_shape),
-      grid=(B, H, nv),
-      in_specs=in_specs,
-      out_specs=tuple(out_specs),
-      input_output_aliases=aliases,
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name="sparse_tokens_bwd",
-  )(k_idx, k_w, k_slot, k_first, decay, beta, v, q_idx, q_slot, k_read, rows, d_o, *tables)
+  like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+  operands = dict(k_idx=(k_idx, per_head(T, W)), k_w=(k_w, per_head(T, W)), k_slot=(k_slot, per_head(T, W)),
+                  k_first=(k_first, per_head(T, W)), decay=(decay, per_head(T)), beta=(beta, per_head(T)),
+                  v=(v, tile(T)), q_idx=(q_idx, per_head(T, R)), q_slot=(q_slot, per_head(T, R)),
+                  k_read=(k_read, per_head(T, W)), rows=(rows, tile(T, W)), d_o=(d_o, tile(T)))
+  results = {}
+  if packed:  # no table: the rows each token read, and dM0
+    operands.update(reads=(reads, tile(T, R)), d_table=(d_table, tile(N)), d_m0=(d_m0, tile(N)))
+  else:
+    operands.update(table=(table, tile(N)), d_table=(d_table, tile(N)))
+    results["table"] = (like(table), tile(N))
+  results.update(d_table=(like(d_table), tile(N)), d_v=(f32(B, H, T, V), tile(T)),
+                 d_k_w=(f32(B, H, nv, T, W), per_tile(T, W)), d_q_w=(f32(B, H, nv, T, R), per_tile(T, R)),
+                 d_g=(f32(B, H, nv, T), per_tile(T)), d_beta=(f32(B, H, nv, T), per_tile(T)))
+  if packed:
+    results["d_m0"] = (f32(B, H, N, V), tile(N))
+  return named_call(
+      functools.partial(_bwd_kernel, packed=packed, interpret=interpret), operands, results,
+      in_place=tuple(name for name in ("table", "d_table", "d_m0") if name in operands), grid=(B, H, nv),
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages), interpret=interpret,
+      name="sparse_tokens_bwd")

@@ -26,6 +26,7 @@ import numpy as np
 from pallas_kernels.delta_rule_bwd import IntraChunkBwdSettings, StatePassBwdSettings, intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import (ChunkCumsumSettings, IntraChunkSettings, StatePassSettings, chunk_cumsum,
                                            intra_chunk, state_pass)
+from pallas_kernels.launch import Shape
 from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax import ops
@@ -48,11 +49,11 @@ def launch_settings(kernel, chunk_size, B, H, K, V, dtype, **fields):
   cls = SETTINGS[kernel]
   if kernel in ("state_pass", "state_pass_bwd"):
     rule = {name: fields.pop(name) for name in ("block_v", "num_stages") if name in fields}
-    default = cls.for_shape(chunk_size, B, H, K, V, dtype, **rule)
+    default = cls.defaults(Shape(B=B, H=H, K=K, V=V, dtype=jnp.dtype(dtype).name, chunk_size=chunk_size), **rule)
   elif kernel in ("intra_chunk", "intra_chunk_bwd"):
-    default = cls.default(chunk_size)
+    default = cls.defaults(Shape(chunk_size=chunk_size))
   else:
-    default = cls.default()
+    default = cls.defaults()
   return dataclasses.replace(default, **fields)
 
 

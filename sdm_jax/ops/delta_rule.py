@@ -94,7 +94,7 @@ class Pallas:
   mixer_inputs.Form; `FORMED` for formed ones), g [B, T, H] as it is, and the padding masks (`segments.kernel_masks`),
   and returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   name: str = "pallas"
-  config: PallasOpSettings = PallasOpSettings.default()
+  config: PallasOpSettings = PallasOpSettings.defaults()
   in_kernels: ClassVar[bool] = True
 
   def supported(self, backend):
@@ -114,7 +114,7 @@ IMPLEMENTATIONS = {impl.name: impl for impl in (Pallas(), Chunk(), Scan())}
 
 def chunk_size_of(impl, chunk_size, T):
   """The chunk size the implementation named `impl` (resolved, not "auto") runs T tokens at: chunk_size, or None for
-  its rule (DESIGN.md section 2): impl="pallas" `PallasOpSettings.default()` (its kernels take 16, 32 or 64, never
+  its rule (DESIGN.md section 2): impl="pallas" `PallasOpSettings.defaults()` (its kernels take 16, 32 or 64, never
   clamped); impl="chunk" `chunk.CHUNK_SIZE`. The chunked form's size, given or not, is clamped to T's padded length
   (`validation.chunk_size_for`); impl="scan" has no chunks and ignores it."""
   return pick(impl, IMPLEMENTATIONS).chunk_size(chunk_size, T)

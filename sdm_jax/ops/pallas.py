@@ -11,13 +11,14 @@ then go through the forming of q, u, e, z by autodiff of `inputs.reference_input
 
 import dataclasses
 import functools
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.launch import one_at_a_time
 from pallas_kernels.mixer_inputs import FORMED, fits, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax.ops.segments import chunk_documents
@@ -30,16 +31,22 @@ PALLAS_CHUNK_SIZES = (16, 32, 64)
 
 @dataclasses.dataclass(frozen=True)
 class PallasOpSettings:
-  """What impl="pallas" runs with when the op is not told (chunk_size=None): chunk_size, one of PALLAS_CHUNK_SIZES."""
+  """What impl="pallas" runs with when the op is not told (chunk_size=None): chunk_size, one of PALLAS_CHUNK_SIZES.
+  Its rule follows the kernels' settings protocol (`pallas_kernels.launch.LaunchSettings`)."""
   chunk_size: int
 
   @classmethod
-  def default(cls):
-    """The rule: chunk 32 on every device."""
+  def defaults(cls, shape=None):
+    """The rule: chunk 32 at every shape, on every device."""
     # Chunk 32 is the fastest forward+backward of the per-channel kernels (KDA's and GDN-2's) on the H200 and the H100
     # (benchmarks/ops/README.md, the H100 chunk-size table and the launch settings). Off the GPU (interpret mode)
     # nothing was measured; 32 keeps the kernels the GPU runs.
     return cls(chunk_size=32)
+
+  @classmethod
+  def candidates(cls, shape=None):
+    """Every chunk size the kernels take, the rule's first."""
+    return one_at_a_time(cls, shape, chunk_size=PALLAS_CHUNK_SIZES)
 
 
 def next_pow2(n, floor=16):
@@ -66,15 +73,32 @@ def interpret():
   return not on_gpu()
 
 
+class Static(NamedTuple):
+  """The options of the op that the custom_vjp does not differentiate, one hashable argument: form (the
+  `mixer_inputs.Form` of the arrays after q), io_dtype, scale and chunk_size."""
+  form: Any
+  io_dtype: Any
+  scale: float
+  chunk_size: int
+
+
+class Masks(NamedTuple):
+  """Packed documents as the kernels take them, each None (unpacked) or [B, Tp] int32: documents
+  (`segments.chunk_documents`, which the kernels mask their decays with); keep, nonzero where g counts
+  (`chunk_cumsum`; the backward zeroes dg elsewhere); real, nonzero but on padding, where q and k are zeroed (by the
+  forward kernels without gradients; for them by XLA before the forming launch, and again in the backward's forming,
+  so that they get zero gradient there)."""
+  documents: Optional[jax.Array] = None
+  keep: Optional[jax.Array] = None
+  real: Optional[jax.Array] = None
+
+
 class Residuals(NamedTuple):
   """What the custom_vjp saves for `_bwd`. q, u, e [B, Tp, H, Kp], z [B, Tp, H, Vp] in the io dtype and G
   [B, Tp, H, Kp] fp32 ([B, Tp, H] with one decay per head), padded to whole chunks and kernel widths; chunks:
   `intra_chunk`'s `ChunkTensors` with A; initial_state [B, H, Kp, Vp] fp32, padded; T, K, V: the unpadded sizes;
-  op_inputs: the op's (q, k, v, gates), which the backward differentiates the forming of q, u, e, z at (set by
-  `_fwd`); documents: None, or for packed documents [B, Tp] int32 `segments.chunk_documents`, which the kernels mask
-  their decays with; keep: None, or [B, Tp] int32, nonzero where g counts (`chunk_cumsum`; the backward zeroes dg
-  elsewhere); real: None, or [B, Tp] int32, nonzero but on padding, where q and k were zeroed (set by `_fwd`; the
-  backward's forming zeroes them again, so that they get zero gradient there)."""
+  op_inputs: the op's (q, k, v, gates), which the backward differentiates the forming of q, u, e, z at, and masks
+  the op's `Masks` (both set by `_fwd`)."""
   q: jax.Array
   u: jax.Array
   e: jax.Array
@@ -86,16 +110,14 @@ class Residuals(NamedTuple):
   K: int
   V: int
   op_inputs: Optional[tuple] = None
-  documents: Optional[jax.Array] = None
-  keep: Optional[jax.Array] = None
-  real: Optional[jax.Array] = None
+  masks: Masks = Masks()
 
 
-def _forward(form, io_dtype, q, arrays, g, state, documents, keep, real, scale, chunk_size, save):
-  """The rule on q and the arrays `form` builds u, e, z from; with save, also the backward's `Residuals` but
-  op_inputs (then the arrays must be the formed (u, z, e)). g: [B, T, H, K], or [B, T, H] with one decay per head,
-  which every kernel then reads as such. documents, keep, real: None or [B, Tp] int32 (real: the kernels zero q
-  and k on padding)."""
+def _forward(static, q, arrays, g, state, masks, save):
+  """The rule on q and the arrays static.form builds u, e, z from; with save, also the backward's `Residuals` but
+  op_inputs and masks (then the arrays must be the formed (u, z, e)). g: [B, T, H, K], or [B, T, H] with one decay
+  per head, which every kernel then reads as such. masks: `Masks`."""
+  form, io_dtype, scale, chunk_size = static
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -103,17 +125,16 @@ def _forward(form, io_dtype, q, arrays, g, state, documents, keep, real, scale, 
   q, g = _pad(q, Tp, Kp), _pad(g, Tp, Kp if g.ndim == 4 else None)
   arrays = tuple(_pad(x, Tp, width[kind]) for x, kind in zip(arrays, form.kinds))
   kw = dict(chunk_size=chunk_size, interpret=interpret())
-  G = chunk_cumsum(g, keep=keep, **kw)
+  G = chunk_cumsum(g, keep=masks.keep, **kw)
   chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scale=scale,
-                       documents=documents, real=real, **kw)
+                       documents=masks.documents, real=masks.real, **kw)
   state = _pad_state(state, Kp, Vp)
   o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
   if not save:
     return out, None
   u, z, e = arrays
-  return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V,
-                        documents=documents, keep=keep)
+  return out, Residuals(q=q, u=u, e=e, z=z, G=G, chunks=chunks, initial_state=state, T=T, K=K, V=V)
 
 
 def _masked_qk(real, q, k):
@@ -124,12 +145,11 @@ def _masked_qk(real, q, k):
   return tuple(jnp.where(by_token, x, jnp.zeros((), x.dtype)) for x in (q, k))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _delta_rule_pallas(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _delta_rule_pallas(static, q, k, v, gates, g, state, masks):
   # Without gradients the kernels form u, e, z (and normalize q, k) from the arrays as they come, and zero q and k
   # on padding themselves.
-  return _forward(form, io_dtype, q, (k, v, *gates), g, state, documents, keep, real, scale, chunk_size,
-                  save=False)[0]
+  return _forward(static, q, (k, v, *gates), g, state, masks, save=False)[0]
 
 
 def _written_inputs(form, io_dtype, q, k, v, gates):
@@ -140,19 +160,20 @@ def _written_inputs(form, io_dtype, q, k, v, gates):
   return mixer_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates, interpret=interpret())
 
 
-def _fwd(form, io_dtype, scale, chunk_size, q, k, v, gates, g, state, documents, keep, real):
+def _fwd(static, q, k, v, gates, g, state, masks):
   # For gradients q and k are zeroed on padding by XLA, before the launch that forms q, u, e, z.
-  q_, u, e, z = _written_inputs(form, io_dtype, *_masked_qk(real, q, k), v, gates)
-  out, residuals = _forward(FORMED, io_dtype, q_, (u, z, e), g, state, documents, keep, None, scale, chunk_size,
+  q_, u, e, z = _written_inputs(static.form, static.io_dtype, *_masked_qk(masks.real, q, k), v, gates)
+  out, residuals = _forward(static._replace(form=FORMED), q_, (u, z, e), g, state, masks._replace(real=None),
                             save=True)
-  return out, residuals._replace(op_inputs=(q, k, v, gates), real=real)
+  return out, residuals._replace(op_inputs=(q, k, v, gates), masks=masks)
 
 
 def _reference(form, io_dtype, q, k, v, gates):
   return reference_inputs(form.build, form.l2norm, io_dtype, q, k, v, *gates)
 
 
-def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
+def _bwd(static, residuals, cotangents):
+  form, io_dtype, scale, chunk_size = static
   res = residuals
   T, K, V = res.T, res.K, res.V
   d_o, d_final = cotangents
@@ -164,18 +185,18 @@ def _bwd(form, io_dtype, scale, chunk_size, residuals, cotangents):
   d_o = _pad(d_o.astype(res.z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(res.chunks, d_o, _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
   dq, du, de, dz, dg = intra_chunk_bwd(res.q, res.u, res.e, res.z, res.G, R, res.chunks.A, states, d_states, d_o,
-                                       d_r, scale=scale, documents=res.documents, **kw)
+                                       d_r, scale=scale, documents=res.masks.documents, **kw)
   key = lambda x: x[:, :T, :, :K]
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
-  _, vjp = jax.vjp(lambda q, k, v, gates: _reference(form, io_dtype, *_masked_qk(res.real, q, k), v, gates),
+  _, vjp = jax.vjp(lambda q, k, v, gates: _reference(form, io_dtype, *_masked_qk(res.masks.real, q, k), v, gates),
                    *res.op_inputs)
   d_inputs = vjp((key(dq), key(du), key(de), dz[:, :T, :, :V]))
   # dg [B, T, H, K], or [B, T, H] with one decay per head.
   dg = key(dg) if dg.ndim == 4 else dg[:, :T]
-  if res.keep is not None:
-    keep = res.keep[:, :T, None] != 0
+  if res.masks.keep is not None:
+    keep = res.masks.keep[:, :T, None] != 0
     dg = jnp.where(keep[..., None] if dg.ndim == 4 else keep, dg, 0.0)
-  return (*d_inputs, dg, d_state[:, :, :K, :V], None, None, None)
+  return (*d_inputs, dg, d_state[:, :, :K, :V], None)
 
 
 _delta_rule_pallas.defvjp(_fwd, _bwd)
@@ -205,5 +226,5 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   if real is not None and starts is None:
     raise ValueError("real: only with starts (packed documents)")
   real = None if real is None else pad(real).astype(jnp.int32)
-  return _delta_rule_pallas(form, jnp.dtype(io_dtype), scale, chunk_size, q, k, v, tuple(gates), g.astype(jnp.float32),
-                            initial_state.astype(jnp.float32), documents, keep, real)
+  return _delta_rule_pallas(Static(form, jnp.dtype(io_dtype), scale, chunk_size), q, k, v, tuple(gates),
+                            g.astype(jnp.float32), initial_state.astype(jnp.float32), Masks(documents, keep, real))

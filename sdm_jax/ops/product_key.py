@@ -104,7 +104,7 @@ class XlaConfig:
 @dataclasses.dataclass(frozen=True)
 class PallasConfig:
   """What impl="pallas" runs with: the kernel's launch settings (`pallas_kernels.product_key.ProductKeySettings`),
-  None for its rule for the shape (`ProductKeySettings.for_shape`)."""
+  None for its rule for the shape (`ProductKeySettings.defaults`)."""
   settings: Any = None
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import ChunkTensors, StatePassSettings, chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.launch import Shape
 from sdm_jax.ops.segments import chunk_documents
 
 from sdm_jax.testing.errors import relative_error
@@ -109,7 +110,7 @@ H200 = 232_448  # bytes of shared memory per program (compute capability 9.0)
     (128, jnp.bfloat16, 32, 1), (64, jnp.float32, 16, 1),
 ])
 def test_state_stages_fit_the_shared_memory_measured_on_the_h200(chunk_size, dtype, block_v, want):
-  rule = lambda **kw: StatePassSettings.for_shape(chunk_size, 4, 16, 128, 128, dtype, block_v=block_v,
-                                                  shared_memory=H200, **kw)
+  shape = Shape(B=4, H=16, K=128, V=128, dtype=jnp.dtype(dtype).name, chunk_size=chunk_size)
+  rule = lambda **kw: StatePassSettings.defaults(shape, block_v=block_v, shared_memory=H200, **kw)
   assert rule().num_stages == want
   assert rule(num_stages=2).num_stages == 2  # asked for: kept
