@@ -19,8 +19,9 @@ kernel fault) or diverges costs only itself, each starts with fresh device memor
 cache shared by the sweep (`<workdir>/.jax_cache`) spares the seeds of a point their compilation. For many short
 runs of small models, where a process's start and compilation cost more than its training, `in_process` runs
 them one after another in the calling process instead (the seeds of a point then share one jitted step). A run whose
-evaluations of its checkpoint at train.steps are all written is skipped, its checkpoints kept or not (results copied
-back from another machine without them); any other resumes (training from its newest checkpoint, then the missing
+evaluations of its checkpoint at its final step (train.steps, or the evaluation that reached train.stop_at_accuracy:
+loop.final_step) are all written is skipped, its checkpoints kept or not (results copied back from another machine
+without them); any other resumes (training from its newest checkpoint, then the missing
 evaluations). SIGINT stops the running run at a step boundary with a
 checkpoint (training.loop) and then the sweep; a second stops at once.
 """
