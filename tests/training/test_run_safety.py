@@ -54,7 +54,7 @@ def bad_config(field, value):
 
 @pytest.mark.parametrize("field, value, message", [
     ("model.mixer", "gdn3", r"config\.model\.mixer: .*'gdn3' \(did you mean 'gdn' or 'gdn2'\?\)"),
-    ("model.impl", "trition", r"config\.model\.impl: expected one of \('auto', 'scan', 'chunk', 'pallas'\)"),
+    ("model.impl", "trition", r"config\.model\.impl: expected one of \('auto', 'pallas', 'chunk', 'scan'\)"),
     ("model.pattern", "AX", r"config\.model: pattern: "),
     ("train.lerning_rate", 1.0, r"config\.train\.lerning_rate: no such field \(did you mean 'learning_rate'\?\)"),
 ])
