@@ -23,7 +23,7 @@ from jax.experimental import checkify
 
 from sdm_jax.ops.implementations import configure
 from sdm_jax.ops.segments import check_segment_ids, document_starts, mask_padding
-from sdm_jax.ops.sparse_chunk import ChunkConfig, sparse_delta_chunk, sparse_delta_chunk_packed
+from sdm_jax.ops.sparse_chunk import CHUNK_SIZE, ChunkConfig, sparse_delta_chunk, sparse_delta_chunk_packed
 from sdm_jax.ops.sparse_pallas import PallasConfig, sparse_delta_pallas
 from sdm_jax.ops.validation import check_array, check_shape, chunk_size_for
 
@@ -64,7 +64,7 @@ def _batch_table(m0, B):
 # The implementations (`implementations.Implementation`). run(m0, k_idx, k_w, v, g, beta, q_idx, q_w, starts,
 # distinct_slots) gets the op's checked inputs with padding masked: m0 [H, N, V] or [B, H, N, V] and k_w, g, beta, q_w
 # in the accumulation dtype (fp32, float64 for float64 inputs), v in its own dtype, starts None or [B, T] bool (where
-# packed documents start), and returns (o [B, T, H, V], final table [B, H, N, V] in the accumulation dtype).
+# packed documents start), and returns (o [B, T, H, V], which the op casts to v's dtype, final table [B, H, N, V]).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _check_distinct(name, idx):
                      f"[b, t, h] = {list(at[:-1])} lists slot {int(ordered[at[:-1]][at[-1]])} twice")
 
 
-def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=16,
+def sparse_delta_rule(m0, k_idx, k_w, v, g, beta, q_idx, q_w, *, impl="auto", chunk_size=CHUNK_SIZE,
                       output_final_state=False, rows_dtype="float32", rows_segments=1, table_dtype="float32",
                       table_grad_dtype="float32", segment_ids=None, distinct_slots=False, launch=None):
   """The Sparse Delta Memory recurrence.
