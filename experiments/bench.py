@@ -21,7 +21,7 @@ import sys
 from absl import flags
 
 from experiments import cli
-from sdm_jax.benchmarking import registry
+from sdm_jax.benchmarking import registry, trees
 
 flags.DEFINE_string("what", None, f"What to time, one of {tuple(registry.MODES)} (--list says what each times).")
 flags.DEFINE_boolean("list", False, "Print the registry (every mode, what it times, its settings) and exit.")
@@ -69,7 +69,7 @@ def main(argv):
     print(f"error: {len(failed)} entr{'y' if len(failed) == 1 else 'ies'} of the report failed ({failed[0]}"
           f"{', ...' if len(failed) > 1 else ''}); the report {paths['json']} holds each error", file=sys.stderr,
           flush=True)
-    sys.exit(registry.FAILED_ENTRIES_EXIT)
+    sys.exit(trees.FAILED_ENTRIES_EXIT)
 
 
 def failed_entries(paths):

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
+from sdm_jax.benchmarking.tables import Column, table, write_tables
+from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata
 from sdm_jax.models import LanguageModel, layer_letters
 from sdm_jax.models.config import VARIANTS, variant_config
 from sdm_jax.training.config import dotted_field
@@ -189,21 +190,19 @@ def run_sweep(configs, batches, contexts, *, steps=64, reps=5, seed=0, log=print
   return records
 
 
-def _fmt(x, spec, scale=1):
-  return "-" if x is None else format(x / scale, spec)
+# One row per (model, batch, context).
+COLUMNS = (
+    Column("model", "variant"), Column("layers", "pattern"), Column("B", "batch", "d"),
+    Column("context", "context", "d"),
+    Column("ms/step", "ms_per_step", ".3f"), Column("tokens/s", "tokens_per_s", ",.0f"),
+    Column("vs attention", "vs_attention", ".2f", suffix="x"),
+    Column("cache MiB/seq", "cache_bytes_per_seq", ".3f", 2**20),
+    Column("device peak GiB", "device_peak_bytes", ".1f", 2**30), Column("note", lambda r: r["error"] or ""))
 
 
 def format_table(records):
   """A markdown table: one row per (model, batch, context)."""
-  lines = ["| model | layers | B | context | ms/step | tokens/s | vs attention | cache MiB/seq | device peak GiB | "
-           "note |", "|---|---|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    cells = [r["variant"], r["pattern"], str(r["batch"]), str(r["context"]), _fmt(r["ms_per_step"], ".3f"),
-             _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["vs_attention"], ".2f") + ("x" if r["vs_attention"] else ""),
-             _fmt(r["cache_bytes_per_seq"], ".3f", 2**20), _fmt(r["device_peak_bytes"], ".1f", 2**30),
-             r["error"] or ""]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  return table(COLUMNS, records)
 
 
 def plot_decode(records, path):

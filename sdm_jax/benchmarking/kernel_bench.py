@@ -31,7 +31,8 @@ from pallas_kernels.mixer_inputs import MixerInputsSettings, mixer_inputs
 from sdm_jax.ops.inputs import reference_inputs
 from sdm_jax import ops
 from sdm_jax.benchmarking.op_bench import parse_shapes
-from sdm_jax.benchmarking.timing import compile_timed, error_text, median_ms, run_metadata, write_tables
+from sdm_jax.benchmarking.tables import Column, table, write_tables
+from sdm_jax.benchmarking.timing import compile_timed, error_text, median_ms, run_metadata
 from sdm_jax.ops.validation import on_gpu
 from sdm_jax.testing.inputs import make_op_inputs
 
@@ -163,14 +164,10 @@ def sweep(mixer, B, T, H, K, chunk_size, dtype, *, parts=PARTS, grid=None, reps=
 
 def format_table(records):
   """A markdown table: one row per (mixer, shape, chunk size, kernel, launch)."""
-  lines = ["| mixer | B x T | C | kernel | launch | compile s | ms | floor ms | note |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    cell = lambda key, spec: "-" if r.get(key) is None else format(r[key], spec)
-    cells = [r["mixer"], f"{r['B']}x{r['T']}", str(r["chunk_size"]), r["kernel"], r["launch"], cell("compile_s", ".1f"),
-             cell("ms", ".3f"), cell("floor_ms", ".3f"), r["error"] or ""]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  return table([Column("mixer", "mixer"), Column("B x T", lambda r: f"{r['B']}x{r['T']}"),
+                Column("C", "chunk_size", "d"), Column("kernel", "kernel"), Column("launch", "launch"),
+                Column("compile s", "compile_s", ".1f"), Column("ms", "ms", ".3f"),
+                Column("floor ms", "floor_ms", ".3f"), Column("note", lambda r: r["error"] or "")], records)
 
 
 def check_settings(settings):

@@ -23,8 +23,9 @@ import numpy as np
 
 from sdm_jax import ops
 from sdm_jax.benchmarking import fla_peer
-from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
-                                         median_ms, run_metadata, write_tables)
+from sdm_jax.benchmarking.tables import NO_KERNELS, Column, kernel_section, table, write_tables
+from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, kernel_summary, median_ms,
+                                         run_metadata)
 from sdm_jax.ops.validation import check_chunk_size
 from sdm_jax.testing.errors import relative_error
 from sdm_jax.testing.inputs import make_op_inputs, make_readouts
@@ -33,6 +34,8 @@ from sdm_jax.training.config import close_names
 
 INPUT_SETS = 3
 PEER = "fla"
+# The record fields `time_impl` lists kernels in with breakdown, and what each timed.
+KERNEL_PARTS = {"kernels_fwd": "fwd", "kernels_fwd_bwd": "fwd+bwd"}
 
 
 def parse_shapes(text):
@@ -222,38 +225,32 @@ def _compare_with_peers(ours, peers):
         record[f"vs_peer_{part}_mode"] = fastest["impl"]
 
 
-def _fmt(x, spec):
-  return "-" if x is None else format(x, spec)
+def _note(r):
+  if r.get("out_rel_err_vs_ours") is not None:
+    return f"o rel err vs ours {r['out_rel_err_vs_ours']:.1e}"
+  return r["error"] or ""
+
+
+# One row per (mixer, impl, chunk size, shape).
+COLUMNS = (
+    Column("mixer", "mixer"), Column("impl", "impl"), Column("C", "chunk_size", "d"),
+    Column("B x T", lambda r: f"{r['B']}x{r['T']}"),
+    Column("fwd ms", "fwd_ms", ".3f"), Column("fwd Mtok/s", "fwd_tokens_per_s", ".2f", 1e6),
+    Column("fwd+bwd ms", "fwd_bwd_ms", ".3f"), Column("fwd+bwd Mtok/s", "fwd_bwd_tokens_per_s", ".2f", 1e6),
+    Column("vs fla fwd", "vs_peer_fwd", ".2f", suffix="x"),
+    Column("vs fla fwd+bwd", "vs_peer_fwd_bwd", ".2f", suffix="x"),
+    Column("back to back fwd / fwd+bwd ms", lambda r: (r.get("fwd_host_ms"), r.get("fwd_bwd_host_ms")), ".3f"),
+    Column("vs fla back to back", lambda r: (r.get("vs_peer_fwd_host"), r.get("vs_peer_fwd_bwd_host")), ".2f",
+           suffix="x"),
+    Column("note", _note))
 
 
 def format_table(records):
   """A markdown table: one row per (mixer, impl, chunk size, shape)."""
-  lines = ["| mixer | impl | C | B x T | fwd ms | fwd Mtok/s | fwd+bwd ms | fwd+bwd Mtok/s | vs fla fwd | "
-           "vs fla fwd+bwd | back to back fwd / fwd+bwd ms | vs fla back to back | note |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    note = r["error"] or ""
-    if r.get("out_rel_err_vs_ours") is not None:
-      note = f"o rel err vs ours {r['out_rel_err_vs_ours']:.1e}"
-    mtoks = [None if r[f"{p}_tokens_per_s"] is None else r[f"{p}_tokens_per_s"] / 1e6 for p in ("fwd", "fwd_bwd")]
-    ratios = [None if r.get(f"vs_peer_{p}") is None else f"{r[f'vs_peer_{p}']:.2f}x"
-              for p in ("fwd", "fwd_bwd", "fwd_host", "fwd_bwd_host")]
-    host = f"{_fmt(r.get('fwd_host_ms'), '.3f')} / {_fmt(r.get('fwd_bwd_host_ms'), '.3f')}"
-    cells = [r["mixer"], r["impl"], _fmt(r.get("chunk_size"), "d"), f"{r['B']}x{r['T']}", _fmt(r["fwd_ms"], ".3f"),
-             _fmt(mtoks[0], ".2f"), _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(mtoks[1], ".2f"), ratios[0] or "-",
-             ratios[1] or "-", host, f"{ratios[2] or '-'} / {ratios[3] or '-'}", note]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  return table(COLUMNS, records)
 
 
 SUMMARY_TITLE = "## Each chunk size and peer mode, fwd / fwd+bwd ms"
-
-
-def _pair(record, suffix):
-  """'fwd / fwd+bwd' ms of a record on one clock ("" the device's, "_host" the host's), or '-'."""
-  if record is None or record.get(f"fwd{suffix}_ms") is None:
-    return "-"
-  return f"{_fmt(record[f'fwd{suffix}_ms'], '.3f')} / {_fmt(record.get(f'fwd_bwd{suffix}_ms'), '.3f')}"
 
 
 def summary_table(records):
@@ -266,26 +263,27 @@ def summary_table(records):
   if len(ours) < 2 and len(peers) < 2:
     return ""
   names = [f"{impl} C{chunk}" if chunk else impl for impl, chunk in ours] + peers
-  lines = ["| mixer | B x T | clock | " + " | ".join(names) + " | ours fastest | ours fastest / peer fastest |",
-           "|---" * (len(names) + 5) + "|"]
-  points = list(dict.fromkeys((r["mixer"], r["B"], r["T"]) for r in records))
-  for mixer, B, T in points:
+  rows = []
+  for mixer, B, T in dict.fromkeys((r["mixer"], r["B"], r["T"]) for r in records):
     at = {column(r): r for r in records if (r["mixer"], r["B"], r["T"]) == (mixer, B, T) and not r["error"]}
     for clock, suffix in (("device", ""), ("host", "_host")):
+      ms = lambda r, part: r.get(f"{part}{suffix}_ms") if r else None
+      pair = lambda r: None if ms(r, "fwd") is None else (ms(r, "fwd"), ms(r, "fwd_bwd"))
+      row = {"mixer": mixer, "B x T": f"{B}x{T}", "clock": clock,
+             **{name: pair(at.get(k)) for name, k in zip(names, ours + peers)}}
       fastest, ratios = [], []
       for part in ("fwd", "fwd_bwd"):
-        timed = lambda keys: [at[k] for k in keys if k in at and at[k].get(f"{part}{suffix}_ms")]
-        mine, theirs = timed(ours), timed(peers)
-        best = min(mine, key=lambda r: r[f"{part}{suffix}_ms"]) if mine else None
-        fastest.append("-" if best is None else names[ours.index(column(best))])
-        if best is not None and theirs:
-          peer_ms = min(r[f"{part}{suffix}_ms"] for r in theirs)
-          ratios.append(f"{best[f'{part}{suffix}_ms'] / peer_ms:.2f}")
-        else:
-          ratios.append("-")
-      cells = [mixer, f"{B}x{T}", clock] + [_pair(at.get(k), suffix) for k in ours + peers]
-      lines.append("| " + " | ".join(cells + [" / ".join(fastest), " / ".join(ratios)]) + " |")
-  return "\n".join(lines)
+        mine = [at[k] for k in ours if ms(at.get(k), part)]
+        theirs = [ms(at[k], part) for k in peers if ms(at.get(k), part)]
+        best = min(mine, key=lambda r: ms(r, part)) if mine else None
+        fastest.append(None if best is None else names[ours.index(column(best))])
+        ratios.append(ms(best, part) / min(theirs) if best is not None and theirs else None)
+      rows.append({**row, "ours fastest": tuple(fastest), "ours fastest / peer fastest": tuple(ratios)})
+  columns = [Column(name, name) for name in ("mixer", "B x T", "clock")]
+  columns += [Column(name, name, ".3f") for name in names]
+  columns += [Column("ours fastest", "ours fastest"),
+              Column("ours fastest / peer fastest", "ours fastest / peer fastest", ".2f")]
+  return table(columns, rows)
 
 
 def plot_throughput(records, path):
@@ -343,30 +341,18 @@ def merge_reports(json_paths):
   return [record for run in runs for record in run["results"]], meta
 
 
-def kernel_lines(records):
-  """Markdown lines: each record's kernels (`time_impl` with breakdown), forward and forward+backward."""
-  lines = []
-  for r in records:
-    for part, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
-      if r.get(f"kernels_{part}"):
-        lines += format_kernels(f"{r['mixer']} {r['impl']} {r['B']}x{r['T']} {label}", r[f"kernels_{part}"])
-  return lines
-
-
 def write_report(records, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md,png}; returns their paths."""
   notes = [f"- peer {name}: {note}" for name, note in meta.get("peer", {}).items()]
   notes += ["- vs fla = the fastest fla mode's ms / our ms (above 1: faster than fla); Mtok/s = B*T / time"]
   if meta.get("config", {}).get("breakdown") and not any(r.get("kernels_fwd") for r in records):
-    notes += ["- breakdown: no kernel list, CUPTI is not available on this backend"]
-  table = format_table(records)
+    notes += [NO_KERNELS]
+  body = format_table(records)
   summary = summary_table(records)
   if summary:
-    table += f"\n\n{SUMMARY_TITLE}\n\n{summary}"
-  kernels = kernel_lines(records)
-  if kernels:
-    table += "\n\n## Kernels (CUPTI, one warm run, same-named kernels summed)\n\n" + "\n".join(kernels)
-  paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, table)
+    body += f"\n\n{SUMMARY_TITLE}\n\n{summary}"
+  body += kernel_section(records, lambda r: f"{r['mixer']} {r['impl']} {r['B']}x{r['T']}", KERNEL_PARTS)
+  paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, body)
   plot_throughput(records, paths["png"])
   return paths
 

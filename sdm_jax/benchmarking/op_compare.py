@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdm_jax.benchmarking.tables import Column, table
 from sdm_jax.benchmarking.timing import compile_timed, median_ms
 from sdm_jax.testing.errors import relative_error
 from sdm_jax.testing.inputs import make_op_inputs, make_readouts
@@ -73,15 +74,16 @@ def compare_impls(mixer, impls, *, B, T, H, K, V, dtype, chunk_size=64, seed=0, 
 
 
 def format_report(report):
-  """The comparison tables and the timing table as plain text."""
+  """The comparison tables and the timing table, in markdown."""
   c = report["config"]
   lines = [f"{c['mixer']}  B={c['B']} T={c['T']} H={c['H']} K={c['K']} V={c['V']} {c['dtype']} "
            f"chunk_size={c['chunk_size']} initial_state={c['initial_state']}"]
+  errors = [Column("quantity", "quantity"), Column("rel err", "rel_err", ".2e"), Column("max abs", "max_abs", ".2e"),
+            Column("finite?", lambda r: "yes" if r["finite"] else "NO")]
   for pair, rows in report["comparisons"].items():
-    lines += ["", pair, f"{'quantity':<16} {'rel err':>10} {'max abs':>10}  finite?"]
-    lines += [f"{r['quantity']:<16} {r['rel_err']:>10.2e} {r['max_abs']:>10.2e}  {'yes' if r['finite'] else 'NO'}"
-              for r in rows]
-  lines += ["", f"{'impl':<8} {'compile fwd s':>13} {'compile fwd+bwd s':>17} {'fwd ms':>10} {'fwd+bwd ms':>11}"]
-  lines += [f"{impl:<8} {t['compile_fwd_s']:>13.2f} {t['compile_fwd_bwd_s']:>17.2f} {t['fwd_ms']:>10.3f} "
-            f"{t['fwd_bwd_ms']:>11.3f}" for impl, t in report["timings"].items()]
+    lines += ["", pair, "", table(errors, rows)]
+  timings = [Column("impl", "impl"), Column("compile fwd s", "compile_fwd_s", ".2f"),
+             Column("compile fwd+bwd s", "compile_fwd_bwd_s", ".2f"), Column("fwd ms", "fwd_ms", ".3f"),
+             Column("fwd+bwd ms", "fwd_bwd_ms", ".3f")]
+  lines += ["", table(timings, [{"impl": impl, **t} for impl, t in report["timings"].items()])]
   return "\n".join(lines)

@@ -21,8 +21,9 @@ from sdm_jax import ops
 from sdm_jax.benchmarking import sdm_bench
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.sdm_bench import sdm_options
-from sdm_jax.benchmarking.timing import (back_to_back_ms, error_text, format_kernels, kernel_summary,
-                                         kernel_timer_available, median_ms, run_metadata, write_tables)
+from sdm_jax.benchmarking.tables import NO_KERNELS, Column, kernel_section, table, write_tables
+from sdm_jax.benchmarking.timing import (back_to_back_ms, error_text, kernel_summary, kernel_timer_available,
+                                         median_ms, run_metadata)
 from sdm_jax.testing.inputs import document_ids, make_op_inputs, make_readouts, sdm_inputs
 
 INPUT_SETS = 3
@@ -125,21 +126,19 @@ def run_sweep(settings, log=print, on_progress=None):
 
 
 def format_table(records):
-  """A markdown table: one row per (mixer, shape, variant, part)."""
-  lines = ["| mixer | B x T | variant | part | unpacked ms (device / host) | packed ms (device / host) | "
-           "packed / unpacked | note |", "|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    pair = lambda a, b, spec: "-" if r.get(a) is None else f"{r[a]:{spec}} / {r[b]:{spec}}"
-    cells = [r["mixer"], f"{r['B']}x{r['T']}", r["variant"], r["part"].replace("_", "+"),
-             pair("unpacked_ms", "unpacked_host_ms", ".3f"), pair("packed_ms", "packed_host_ms", ".3f"),
-             pair("ratio", "ratio_host", ".3f"), r.get("error") or r.get("note") or ""]
-    lines.append("| " + " | ".join(cells) + " |")
-  for r in records:  # with breakdown: each run's kernels, unpacked then packed
-    for layout in ("unpacked", "packed"):
-      if r.get(f"{layout}_kernels"):
-        label = f"{r['mixer']} {r['B']}x{r['T']} {r['variant']} {r['part'].replace('_', '+')} {layout}"
-        lines += [""] * (lines[-1] != "") + format_kernels(label, r[f"{layout}_kernels"])
-  return "\n".join(lines)
+  """A markdown table: one row per (mixer, shape, variant, part); with breakdown, each run's kernels after it,
+  unpacked then packed."""
+  part = lambda r: r["part"].replace("_", "+")
+  pair = lambda a, b: lambda r: None if r.get(a) is None else (r[a], r.get(b))
+  columns = [Column("mixer", "mixer"), Column("B x T", lambda r: f"{r['B']}x{r['T']}"), Column("variant", "variant"),
+             Column("part", part),
+             Column("unpacked ms (device / host)", pair("unpacked_ms", "unpacked_host_ms"), ".3f"),
+             Column("packed ms (device / host)", pair("packed_ms", "packed_host_ms"), ".3f"),
+             Column("packed / unpacked", pair("ratio", "ratio_host"), ".3f"),
+             Column("note", lambda r: r.get("error") or r.get("note") or "")]
+  return table(columns, records) + kernel_section(
+      records, lambda r: f"{r['mixer']} {r['B']}x{r['T']} {r['variant']} {part(r)}",
+      {"unpacked_kernels": "unpacked", "packed_kernels": "packed"})
 
 
 def check_settings(settings):
@@ -163,7 +162,7 @@ def bench(settings, out_dir, tag, log=print):
            f"(`timing.median_ms`, {s.reps} runs) / host clock ({s.reps} back to back, one synchronisation); "
            f"'above {TARGET}': issue 23's bar missed on either clock"]
   if s.breakdown and not kernel_timer_available():
-    notes += ["- breakdown: no kernel list, CUPTI is not available on this backend"]
+    notes += [NO_KERNELS]
   report = lambda records: write_tables(records, meta, out_dir, tag, "Packed documents", notes,
                                         format_table(records))
   records = run_sweep(s, log=log, on_progress=report)

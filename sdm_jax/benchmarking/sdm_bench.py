@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax.benchmarking.op_bench import parse_shapes, time_impl
-from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, format_kernels, kernel_summary,
-                                         median_ms, run_metadata, write_tables)
+from sdm_jax.benchmarking.op_bench import KERNEL_PARTS, parse_shapes, time_impl
+from sdm_jax.benchmarking.tables import NO_KERNELS, Column, kernel_section, table, write_tables
+from sdm_jax.benchmarking.timing import (back_to_back_ms, compile_timed, error_text, kernel_summary, median_ms,
+                                         run_metadata)
 from sdm_jax.ops import product_key_address, sparse_delta_rule
 from sdm_jax.ops.sparse_pallas import PallasConfig
 from sdm_jax.testing.inputs import make_op_inputs, make_readouts, sdm_inputs
@@ -144,31 +145,28 @@ def time_addressing(rows, heads, n, k, dim, *, impl, reps=10, seed=0):
   return {"compile_s": compile_s, "fwd_ms": median_ms(fwd, sets, reps)}
 
 
+def _note(row):
+  if "row_bytes" in row:
+    return f"{row['row_bytes'] / 1e9:.3g} GB of rows at {row['row_gb_per_s']:.0f} GB/s"
+  return row.get("error", "")
+
+
+COLUMNS = (Column("what", "what"), Column("fwd ms", "fwd_ms", ".3f"), Column("fwd+bwd ms", "fwd_bwd_ms", ".3f"),
+           Column("back to back fwd / fwd+bwd ms", lambda row: (row.get("fwd_host_ms"), row.get("fwd_bwd_host_ms")),
+                  ".3f"), Column("note", _note))
+
+
 def format_table(rows):
   """Markdown table of bench rows ({"what", fwd_ms?, fwd_bwd_ms?, error?, row_bytes?}); a missing time
   is '-'; a row traffic row notes its bytes and bandwidth."""
-  lines = ["| what | fwd ms | fwd+bwd ms | back to back fwd / fwd+bwd ms | note |", "|---|---|---|---|---|"]
-  for row in rows:
-    cell = lambda key: f"{row[key]:.3f}" if row.get(key) is not None else "-"
-    note = row.get("error", "")
-    if "row_bytes" in row:
-      note = f"{row['row_bytes'] / 1e9:.3g} GB of rows at {row['row_gb_per_s']:.0f} GB/s"
-    lines.append(f"| {row['what']} | {cell('fwd_ms')} | {cell('fwd_bwd_ms')} | {cell('fwd_host_ms')} / "
-                 f"{cell('fwd_bwd_host_ms')} | {note} |")
-  return "\n".join(lines)
+  return table(COLUMNS, rows)
 
 
 def write_report(rows, meta, out_dir, tag):
   """Writes <out_dir>/<date>_<tag>.{json,md}; returns their paths."""
-  table = format_table(rows)
-  kernels = [line for row in rows for part, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd"))
-             if row.get(f"kernels_{part}") for line in format_kernels(f"{row['what']} {label}", row[f"kernels_{part}"])]
-  notes = []
-  if meta.get("config", {}).get("breakdown") and not kernels:
-    notes = ["- breakdown: no kernel list, CUPTI is not available on this backend"]
-  if kernels:
-    table += "\n\n## Kernels (CUPTI, one warm run, same-named kernels summed)\n\n" + "\n".join(kernels)
-  paths = write_tables(rows, meta, out_dir, tag, "Sparse Delta Memory", notes, table)
+  kernels = kernel_section(rows, lambda row: row["what"], KERNEL_PARTS)
+  notes = [NO_KERNELS] if meta.get("config", {}).get("breakdown") and not kernels else []
+  paths = write_tables(rows, meta, out_dir, tag, "Sparse Delta Memory", notes, format_table(rows) + kernels)
   return {ext: paths[ext] for ext in ("json", "md")}
 
 

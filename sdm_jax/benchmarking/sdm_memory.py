@@ -25,7 +25,8 @@ import numpy as np
 
 from sdm_jax.benchmarking.op_bench import parse_shapes
 from sdm_jax.benchmarking.sdm_bench import sdm_calls, sdm_options, sdm_shapes
-from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata, write_tables
+from sdm_jax.benchmarking.tables import Column, cell, table, write_tables
+from sdm_jax.benchmarking.timing import error_text, median_ms, peak_device_bytes, run_metadata
 from sdm_jax.ops.sparse_pallas import PallasConfig
 from sdm_jax.testing.errors import relative_error
 from sdm_jax.testing.inputs import sdm_inputs
@@ -138,19 +139,13 @@ def format_table(records):
   """A markdown table, bytes in GB where any is above 1 GB, else MB."""
   largest = max([r.get(k) or 0 for r in records for k in ("saved_bytes", "temp_bytes", "peak_bytes")] + [0])
   unit, scale = ("GB", 1e9) if largest > 1e9 else ("MB", 1e6)
-  size = lambda r, k: "-" if r.get(k) is None else f"{r[k] / scale:.2f}"
-  lines = [f"| entry | saved {unit} | temp {unit} | argument {unit} | output {unit} | peak {unit} | fwd+bwd ms | "
-           "o error | worst gradient error | note |", "|---|---|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    peak = size(r, "peak_bytes")
-    peak = f"<={peak}" if r.get("peak_is_own") is False else peak
-    ms = "-" if r.get("fwd_bwd_ms") is None else f"{r['fwd_bwd_ms']:.1f}"
-    o_err = "-" if r.get("o_rel_err") is None else f"{r['o_rel_err']:.1e}"
-    g_err = "-" if r.get("worst_grad") is None else f"{r['worst_grad_rel_err']:.1e} ({r['worst_grad']})"
-    cells = [r["entry"], size(r, "saved_bytes"), size(r, "temp_bytes"), size(r, "argument_bytes"),
-             size(r, "output_bytes"), peak, ms, o_err, g_err, r["error"] or ""]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  peak = lambda r: f"<={cell(r['peak_bytes'], '.2f', scale)}" if r.get("peak_is_own") is False else r.get("peak_bytes")
+  worst = lambda r: None if r.get("worst_grad") is None else f"{r['worst_grad_rel_err']:.1e} ({r['worst_grad']})"
+  return table([Column("entry", "entry"), *[Column(f"{name} {unit}", f"{name}_bytes", ".2f", scale)
+                                             for name in ("saved", "temp", "argument", "output")],
+                Column(f"peak {unit}", peak, ".2f", scale), Column("fwd+bwd ms", "fwd_bwd_ms", ".1f"),
+                Column("o error", "o_rel_err", ".1e"), Column("worst gradient error", worst),
+                Column("note", lambda r: r["error"] or "")], records)
 
 
 def check_settings(settings):

@@ -1,7 +1,6 @@
 """Timing jitted functions on the device, and recording where and how a measurement was made."""
 
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -9,7 +8,6 @@ import time
 
 import jax
 
-from sdm_jax import jsonio
 from sdm_jax.ops.validation import on_gpu
 
 
@@ -69,12 +67,6 @@ def kernel_summary(run, top=12):
     sums[name] = sums.get(name, 0.0) + ms
   ordered = sorted(sums.items(), key=lambda item: -item[1])
   return {"total_ms": sum(sums.values()), "kernels": len(sums), "top": ordered[:top]}
-
-
-def format_kernels(label, summary, width=100):
-  """Markdown lines listing one `kernel_summary` under `label`."""
-  lines = [f"- {label}: {summary['total_ms']:.3f} ms in {summary['kernels']} distinct kernels"]
-  return lines + [f"  - {ms:.3f} ms `{name[:width]}`" for name, ms in summary["top"]]
 
 
 def peak_device_bytes(every_device=False):
@@ -150,22 +142,3 @@ def command_line():
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
   return " ".join(["python", "-m", spec.name if spec is not None else sys.argv[0]] + sys.argv[1:])
-
-
-def write_tables(records, meta, out_dir, tag, title, notes, table):
-  """Writes <out_dir>/<date>_<tag>.json ({**meta, "results": records}) and .md (title, the run's date,
-  device, jax version, command and config, `notes` lines, then `table`).
-
-  Returns {"json", "md", "png"}: the paths of the report, the plot's for the caller to draw.
-  """
-  os.makedirs(out_dir, exist_ok=True)
-  base = os.path.join(out_dir, f"{meta['date'][:10]}_{tag}")
-  paths = {ext: f"{base}.{ext}" for ext in ("json", "md", "png")}
-  with open(paths["json"], "w") as f:
-    f.write(jsonio.dumps({**meta, "results": records}, indent=2))
-  header = [f"# {title}: {tag}", ""]
-  header += [f"- {key}: `{meta[key]}`" for key in ("date", "device", "jax_version", "timer", "command") if key in meta]
-  header += [f"- config: `{json.dumps(meta['config'])}`"] + list(notes) + [""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(header) + "\n" + table + "\n")
-  return paths

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from sdm_jax.benchmarking import tables
+from sdm_jax.benchmarking.tables import Column
 from sdm_jax.models.costs import mixer_flops_per_token
 from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 from sdm_jax.training.config import dotted_field
@@ -261,7 +263,8 @@ def summary_line(r):
     return f"{r['name']}: error: {str(r['error']).strip().splitlines()[-1][:300]}"
   gib = (r.get("peak_bytes") or r.get("max_memory_allocated") or 0) / 2**30
   return (f"{r['name']}: {r.get('ms_per_step_loop', r.get('ms_per_step_back_to_back', float('nan'))):.1f} ms/step "
-          f"({r.get('tokens_per_s', float('nan')):,.0f} tokens/s), synced {r.get('ms_per_step_synced', float('nan')):.1f} ms, "
+          f"({r.get('tokens_per_s', float('nan')):,.0f} tokens/s), "
+          f"synced {r.get('ms_per_step_synced', float('nan')):.1f} ms, "
           f"peak {gib:.1f} GiB, {r.get('params', 0) / 1e6:.0f} M params")
 
 
@@ -273,28 +276,28 @@ def _gib(r):
 def table(results, baseline=None):
   """A markdown table of the results; ratios against the result named `baseline` (tokens/s, memory)."""
   base = next((r for r in results if r["name"] == baseline and not r.get("error")), None)
-  rows = ["| entry | params | ms/step, training loop | ms/step, synced every step | tokens/s | "
-          f"x {baseline or 'peer'} tokens/s | peak GiB | x {baseline or 'peer'} memory | MFU |",
-          "|---|---|---|---|---|---|---|---|---|"]
-  for r in results:
-    if r.get("error"):
-      rows.append(f"| {r['name']} | | | | | | | | error: {str(r['error']).strip().splitlines()[-1][:160]} |")
-      continue
-    ms = r.get("ms_per_step_loop", r.get("ms_per_step_back_to_back"))
-    speed = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
-    memory = f"{_gib(r) / _gib(base):.2f}x" if base and _gib(r) and _gib(base) else ""
-    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
-    rows.append(f"| {r['name']} | {r.get('params', 0) / 1e6:.0f} M | {ms:.1f} | {r.get('ms_per_step_synced', float('nan')):.1f} | "
-                f"{r['tokens_per_s']:,.0f} | {speed} | {_gib(r) or float('nan'):.1f} | {memory} | {mfu} |")
-  return "\n".join(rows)
+
+  def over_base(value):
+    return lambda r: value(r) / value(base) if base and value(r) and value(base) else None
+
+  tokens_per_s = lambda r: r.get("tokens_per_s")
+  # An entry that failed says why in the last column.
+  mfu_or_error = lambda r: (f"error: {str(r['error']).strip().splitlines()[-1][:160]}" if r.get("error")
+                            else r.get("mfu"))
+  return tables.table([
+      Column("entry", "name"), Column("params", "params", ".0f", 1e6, " M"),
+      Column("ms/step, training loop", lambda r: r.get("ms_per_step_loop", r.get("ms_per_step_back_to_back")),
+             ".1f"),
+      Column("ms/step, synced every step", "ms_per_step_synced", ".1f"), Column("tokens/s", "tokens_per_s", ",.0f"),
+      Column(f"x {baseline or 'peer'} tokens/s", over_base(tokens_per_s), ".2f", suffix="x"),
+      Column("peak GiB", _gib, ".1f"), Column(f"x {baseline or 'peer'} memory", over_base(_gib), ".2f", suffix="x"),
+      Column("MFU", mfu_or_error, ".1%")], results)
 
 
 def kernel_lists(results):
   """Markdown: each of our entries' kernels in one step by device time (CUPTI, `measure`), where it has them."""
-  from sdm_jax.benchmarking.timing import format_kernels
-  lines = [line for r in results if r.get("kernel_time")
-           for line in format_kernels(f"{r['name']}, one step", r["kernel_time"])]
-  return "\n\n## Kernels of one step\n\n" + "\n".join(lines) if lines else ""
+  return tables.kernel_section(results, lambda r: f"{r['name']},", {"kernel_time": "one step"},
+                               "## Kernels of one step")
 
 
 def plot(results, path, baseline=None):
@@ -326,7 +329,7 @@ def plot(results, path, baseline=None):
 def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, notes=(), config=None, log=print):
   """Runs every spec in its own process, in order; rewrites the report after each (`notes`: more lines for its
   header; config: the settings it records beside the entries). Returns (results, the report's paths)."""
-  from sdm_jax.benchmarking.timing import command_line, write_tables
+  from sdm_jax.benchmarking.timing import command_line
   meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command_line(), "config": {
       **(config or {}), "entries": [s["name"] for s in specs]}}
   results, paths = [], None
@@ -338,8 +341,8 @@ def run(specs, out_dir, tag, *, baseline=None, timeout_s=600, notes=(), config=N
               "  'synced' fetches the loss after every step. Peak memory: jax's peak_bytes_in_use (default allocator)",
               "  / torch.cuda.max_memory_allocated. MFU: (6 x non-embedding params + mixer FLOPs) x tokens/s / 790",
               "  TFLOP/s.", *notes]
-    paths = write_tables(results, meta, out_dir, tag, "Whole-model training steps", header,
-                         table(results, baseline) + kernel_lists(results))
+    paths = tables.write_tables(results, meta, out_dir, tag, "Whole-model training steps", header,
+                                table(results, baseline) + kernel_lists(results))
     plot(results, paths["png"], baseline)
   return results, paths
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sdm_jax.benchmarking import fla_peer, registry
+from sdm_jax.benchmarking import fla_peer, registry, trees
 from sdm_jax.training.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -206,12 +206,12 @@ def test_link_trees_pairs_points_and_takes_base_over_this():
   records = [{**point, "tree": "this", "fwd_ms": 2.0, "fwd_bwd_ms": None, "fwd_host_ms": 4.0},
              {**point, "impl": "fla", "tree": "this"},
              {**point, "tree": "base", "fwd_ms": 3.0, "fwd_bwd_ms": 5.0, "fwd_host_ms": 10.0}]
-  registry.link_trees(records, entry)
+  trees.link_trees(records, entry)
   assert records[0]["vs_base_fwd_ms"] == pytest.approx(1.5) and records[0]["vs_base_fwd_bwd_ms"] is None
   assert records[1]["vs_base_fwd_ms"] is None and "vs_base_fwd_ms" not in records[2]
   assert records[0]["vs_base_fwd_host_ms"] == pytest.approx(2.5)
   assert ("| kda | pallas | - | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
-          in registry.compare_table(records, entry))
+          in trees.compare_table(records, entry))
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
@@ -222,7 +222,7 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
              "--set=breakdown=true", f"--out_dir={tmp_path}", "--tag=trees", "--base=HEAD"]
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
   # The failed impl's rows are in the report, and the exit code says some entries failed (each tree's too).
-  assert done.returncode == registry.FAILED_ENTRIES_EXIT, done.stderr[-3000:]
+  assert done.returncode == trees.FAILED_ENTRIES_EXIT, done.stderr[-3000:]
   assert done.stderr.splitlines()[-1].startswith("error: 2 entries of the report failed (kda: ValueError: impl:")
   ours = json.loads(next((tmp_path / "trees_trees" / "this").glob("*_trees.json")).read_text())
   good, bad = ours["results"]
@@ -261,11 +261,11 @@ def test_tree_name_names_the_commit_of_a_copy_with_older_history(tmp_path, monke
   (tmp_path / "a.py").write_text("a = 1\n")
   git("add", "a.py")
   git("commit", "-qm", "old")
-  monkeypatch.setattr(registry, "ROOT", tmp_path)
-  assert registry.tree_name() == git("rev-parse", "--short", "HEAD")
+  monkeypatch.setattr(trees, "ROOT", tmp_path)
+  assert trees.tree_name() == git("rev-parse", "--short", "HEAD")
   (tmp_path / "a.py").write_text("a = 2\n")
   (tmp_path / "b.py").write_text("b = 1\n")  # new in the later commit: untracked in the copy
-  name = registry.tree_name()
+  name = trees.tree_name()
   assert name.startswith(git("rev-parse", "--short", "HEAD") + " with uncommitted changes (tree ")
   assert git("ls-files") == "a.py"  # the repository's own index untouched
   git("add", "-A")

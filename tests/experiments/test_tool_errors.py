@@ -93,7 +93,7 @@ def test_conflicting_fields_are_refused_before_anything_runs(tmp_path):
 
 
 def test_a_benchmark_whose_entries_fail_writes_its_report_and_exits_3(tmp_path):
-  from sdm_jax.benchmarking.registry import FAILED_ENTRIES_EXIT
+  from sdm_jax.benchmarking.trees import FAILED_ENTRIES_EXIT
   done = run("bench", "--what=train", f"--set=configs={MQAR}:cpu", "--set=timeout=1", "--set=peers=",
              f"--out_dir={tmp_path}", cwd=tmp_path)
   assert done.returncode == FAILED_ENTRIES_EXIT, done.stdout[-2000:] + done.stderr[-2000:]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sdm_jax import jsonio
-from sdm_jax.benchmarking.timing import write_tables
+from sdm_jax.benchmarking.tables import write_tables
 from sdm_jax.training.metrics import MetricsLog
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
