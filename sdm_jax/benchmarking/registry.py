@@ -78,9 +78,11 @@ MODES = {entry.name: entry for entry in (
          {"shapes": ("1x64",), "impl": "chunk", "heads": 2, "head_dim": 16, "chunk_sizes": (16,), "num_slots": 256,
           "sdm_value_dim": 16, "topk": 4, "reps": 3}, "sdm_jax.benchmarking.packed_bench",
          key=("mixer", "B", "T", "variant", "part"), compared=("unpacked_ms", "packed_ms")),
-    Mode("kernels", "each Pallas kernel of the dense op alone, over launch settings (grid.<kernel>.<field>), with "
-         "XLA's forms of the memory-bound ones", KernelsSettings,
-         {"shapes": ("1x32",), "heads": 1, "head_dim": 16, "chunk_sizes": (16,), "reps": 2},
+    Mode("kernels", "each Pallas kernel alone (kernel_bench.KERNELS: the dense op's, the SDM's, addressing), at its "
+         "default launch, its candidates or a grid (grid.<kernel>.<field>), with XLA's forms of the memory-bound ones",
+         KernelsSettings,
+         {"shapes": ("1x32",), "heads": 1, "head_dim": 16, "chunk_sizes": (16,), "num_slots": 256, "topk": 16,
+          "reps": 2},
          "sdm_jax.benchmarking.kernel_bench", key=("mixer", "kernel", "B", "T", "chunk_size", "launch"),
          compared=("ms",)),
 )}

@@ -133,14 +133,17 @@ class PackedSettings:
 
 @dataclasses.dataclass(frozen=True)
 class KernelsSettings:
-  mixers: tuple[str, ...] = _setting(("gdn2",), "mixers whose inputs the kernels get (formed by mixer_inputs)")
-  parts: tuple[str, ...] = _setting(("mixer_inputs", "chunk_cumsum", "intra_chunk", "state_pass", "state_pass_bwd",
-                                     "intra_chunk_bwd"), "kernels to time")
+  mixers: tuple[str, ...] = _setting(("gdn2",), "mixers whose inputs the dense kernels get (formed by mixer_inputs)")
+  parts: tuple[str, ...] = _setting((), "kernels to time, of kernel_bench.KERNELS (none: all of them)")
   shapes: tuple[str, ...] = _setting(("4x4096",), "B x T")
   heads: int = _setting(16, "H")
   head_dim: int = _setting(128, "K = V")
-  chunk_sizes: tuple[int, ...] = _setting((32,), "chunk sizes")
+  chunk_sizes: tuple[int, ...] = _setting((32,), "chunk sizes of the dense kernels")
   dtype: str = _setting("bfloat16", "io dtype (g stays fp32)")
+  num_slots: int = _setting(65536, "N of the SDM kernels (a perfect square: sqrt(N) sub-keys a half for addressing)")
+  topk: int = _setting(128, "W = R of the SDM kernels, k of addressing")
+  candidates: bool = _setting(False, "time each kernel's candidate launches (its settings' candidates) instead of its "
+                              "defaults")
   grid: dict[str, tuple[int, ...]] = _setting(
       {}, "launch settings to sweep, grid.<kernel>.<field>=v1,v2 (their product; the rest keep their defaults)")
   reps: int = _setting(10, "warm runs per timing (median)")

@@ -28,7 +28,8 @@ TINY = {
                    "compile_only=false"],
     "packed": ["mixers=gdn,sdm", "shapes=1x16", "docs=3", "heads=1", "head_dim=8", "sdm_heads=1", "num_slots=64",
                "sdm_value_dim=8", "impl=scan", "reps=1", "breakdown=true"],
-    "kernels": ["shapes=1x16", "grid.chunk_cumsum.num_warps=2,4", "reps=1"],
+    "kernels": ["shapes=1x16", "parts=mixer_inputs,chunk_cumsum,intra_chunk,state_pass,state_pass_bwd,intra_chunk_bwd",
+                "grid.chunk_cumsum.num_warps=2,4", "reps=1"],
 }
 
 
