@@ -58,8 +58,10 @@ def outcomes_from_rows(rows, log=print):
       setting = (("task", task), ("width", width), ("seq_len", row["seq_len"]), ("pairs", row["num_kv_pairs"]),
                  ("head_dim", row["head_dim"]))
     else:
-      setting = (("task", task), ("width", width), ("seq_len", row["eval_point"].get("data.seq_len",
-                                                                                     row["seq_len"])))
+      length = row["eval_point"].get("data.seq_len", row["seq_len"])
+      if row["eval_point"] and length == row["seq_len"]:
+        continue  # the training length again: the run's own evaluation stands for it
+      setting = (("task", task), ("width", width), ("seq_len", length))
     # The curve is the training configuration's evaluations: one outcome of a run carries it.
     curve = curves.get(row["run"]) if task == "mqar" or not row["eval_point"] else None
     outcomes.append(Outcome(model, setting, row["seed"], row["learning_rate"], row["accuracy"], row["final_step"],
@@ -116,9 +118,10 @@ def verdict_table(claims):
 
 
 def sanity_table(outcomes, target):
-  """Full attention at each setting, at its best rate there: every seed must reach the target."""
+  """Full attention at each setting it trained at (NIAH: at its training length), at its best rate there: every seed
+  must reach the target."""
   from sdm_jax.training import sweep_stats
-  attention = sweep_stats.at_rates([o for o in outcomes if o.model == "attention"], {})
+  attention = sweep_stats.at_rates([o for o in outcomes if o.model == "attention" and o.curve], {})
   if not attention:
     return "sanity: no full-attention run yet"
   lines = ["| setting | best lr | accuracy by seed | steps to target | passes |", "|---|---|---|---|---|"]
@@ -163,14 +166,17 @@ def at_picked_rates(outcomes, picked):
   return [o for family, members in families.items() for o in sweep_stats.at_rates(members, picked.get(family, {}))]
 
 
-def pilot_settings():
-  """The settings the learning-rate pilots run at (recall.PILOT_*), as outcomes_from_rows names them."""
+def at_pilots(outcomes):
+  """The outcomes at the learning-rate pilots' settings (recall.PILOT_*): MQAR's point and width, and NIAH's task and
+  width at the shortest length evaluated, its training length."""
   from experiments.configs import recall
   seq_len, pairs = recall.PILOT_POINT
-  return ((("task", "mqar"), ("width", recall.PILOT_WIDTH), ("seq_len", seq_len), ("pairs", pairs),
-           ("head_dim", recall.HEAD_DIM)),
-          (("task", recall.NIAH_PILOT_TASK), ("width", recall.PILOT_WIDTH),
-           ("seq_len", recall.get_config(recall.NIAH_PILOT_TASK + "_gdn").data.seq_len)))
+  mqar = (("task", "mqar"), ("width", recall.PILOT_WIDTH), ("seq_len", seq_len), ("pairs", pairs),
+          ("head_dim", recall.HEAD_DIM))
+  niah = [o for o in outcomes if dict(o.setting)["task"] == recall.NIAH_PILOT_TASK
+          and dict(o.setting)["width"] == recall.PILOT_WIDTH]
+  shortest = min((dict(o.setting)["seq_len"] for o in niah), default=None)
+  return [o for o in outcomes if o.setting == mqar] + [o for o in niah if dict(o.setting)["seq_len"] == shortest]
 
 
 def report(piece, workdirs, out, rates=None, log=print):
@@ -192,10 +198,11 @@ def report(piece, workdirs, out, rates=None, log=print):
   if piece == "sanity":
     text = sanity_table(outcomes, recall.STOP_AT_ACCURACY)
   elif piece == "lr_pilot":
-    outcomes = [o for o in outcomes if o.setting in pilot_settings()]
+    outcomes = at_pilots(outcomes)
     if not outcomes:
-      settings = "; ".join(map(sweep_stats.setting_label, pilot_settings()))
-      raise ValueError(f"workdirs: no run at a pilot's setting ({settings})")
+      raise ValueError(f"workdirs: no run at a pilot's setting (MQAR: width {recall.PILOT_WIDTH}, "
+                       f"{recall.PILOT_POINT[1]} pairs in {recall.PILOT_POINT[0]} tokens; NIAH: "
+                       f"{recall.NIAH_PILOT_TASK} at width {recall.PILOT_WIDTH})")
     picked, tables = {}, []
     for setting in sorted({o.setting for o in outcomes}):
       at_pilot = [o for o in outcomes if o.setting == setting]
@@ -214,6 +221,8 @@ def report(piece, workdirs, out, rates=None, log=print):
     comparisons = [c for _, compared in claims for _, _, cs in compared for c in cs]
     text = (sweep_stats.outcome_table(chosen, recall.SUCCESS) + "\n\n" + sweep_stats.comparison_table(comparisons)
             + "\n\n" + verdict_table(claims))
+    if any(o.model == "attention" for o in chosen):
+      text += "\n\n" + sanity_table(chosen, recall.STOP_AT_ACCURACY)
   if piece == "lr_pilot":  # a panel per model, a colour per rate
     plotted = [dataclasses.replace(o, model=f"lr {o.learning_rate:g}", setting=(("model", o.model),))
                for o in outcomes]
@@ -221,9 +230,12 @@ def report(piece, workdirs, out, rates=None, log=print):
     plotted = sweep_stats.at_rates(outcomes, {})
   written = [out.with_suffix(".md")]
   out.with_suffix(".md").write_text(text + "\n")
-  if sweep_stats.plot_curves(plotted, out.with_name(out.name + "_curves.png"), target=recall.STOP_AT_ACCURACY):
+  order = [f"lr {rate:g}" for rate in recall.LEARNING_RATES] if piece == "lr_pilot" else recall.STUDY_MIXERS
+  if sweep_stats.plot_curves(plotted, out.with_name(out.name + "_curves.png"), target=recall.STOP_AT_ACCURACY,
+                             order=order):
     written.append(out.with_name(out.name + "_curves.png"))
-  if sweep_stats.plot_pressure(plotted, out.with_name(out.name + "_pressure.png"), threshold=recall.SUCCESS):
+  if sweep_stats.plot_pressure(plotted, out.with_name(out.name + "_pressure.png"), threshold=recall.SUCCESS,
+                               order=order):
     written.append(out.with_name(out.name + "_pressure.png"))
   log(text)
   log("wrote " + ", ".join(map(str, written)))

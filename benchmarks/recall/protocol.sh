@@ -40,14 +40,16 @@
 #                  SEEDS=3 then FIRST_SEED=3 SEEDS=2
 #   niah           TASKS (default s_niah_1 mk_niah_1) x MODELS (default the lr_pilot's 8) at their NIAH rates, width
 #                  128, SEEDS=5, evaluated at 1K-8K (80 runs): W 1.9 h, E ~1 h; one task and model a call (5 runs)
-#   sdm_isoflop    MODELS (default sdm swa_gdn swa gdn) on TASKS (default mqar s_niah_1 mk_niah_1): MQAR at POINTS x
+#   sdm_isoflop    MODELS (default sdm swa_gdn gdn) on TASKS (default mqar s_niah_1 mk_niah_1): MQAR at POINTS x
 #                  WIDTHS=128, NIAH at 1K-8K, SEEDS=5; GDN's runs are mqar_pressure's and niah's, skipped when done:
-#                  W 1.9 h for the three others, E ~1 h; one task and model a call. swa (the window alone) needs a
-#                  pilot rate too: add it to lr_pilot's MODELS, or leave it out here
+#                  W 1.3 h for the two hybrids, E ~40 min; one task and model a call. MODELS=swa (the window alone,
+#                  the floor) needs its pilot first (lr_pilot MODELS=swa)
 #   gate_ablation  GDN-2 and KDA x their presets fla and official x LRS at the pilot point, SEEDS=5 (60 runs):
-#                  W 40 min, E ~20; a call: SEEDS=2, then FIRST_SEED=2 SEEDS=2, then FIRST_SEED=4 SEEDS=1 (W 16, 16,
-#                  8 min: split each by LRS too)
+#                  W 40 min, E ~20; a call: one rate and up to 2 seeds (LRS=0.001 SEEDS=2, then FIRST_SEED=2
+#                  SEEDS=2, then FIRST_SEED=4 SEEDS=1; 8 runs, W 5.5 min)
 #   report         every piece's report again over the runs there (after merging carried runs), nothing trained
+# All of it: W ~10.5 h of H100 time (~90 calls), E ~4-5 h (~40 calls). First the sanity and the MQAR pilot (~8
+# calls); then the settings that decide the claims: the pilot point (64 pairs, width 128) and MK-NIAH-1.
 set -u
 piece=${1:-}
 PIECES="sanity lr_pilot mqar_pressure niah sdm_isoflop gate_ablation report"
@@ -110,7 +112,7 @@ pack() {
     "$(basename "$RES")"
 }
 sweep() {  # sweep DIR ARGS...: PARALLEL shards of one sweep into $RES/DIR, each under STEP_LIMIT, then its summary
-  local dir=$1 n=${PARALLEL:-6} i fraction; shift
+  local dir=$1 n=${PARALLEL:-6} i fraction shards=(); shift
   fraction=$(card_fraction "${CARD_SHARES:-$n}")
   echo "== $n shard(s): $PY -m experiments.sweep --in_process --workdir=$RES/$dir $* (limit ${STEP_LIMIT}s)" \
     | tee -a "$OUT/log.txt"
@@ -118,8 +120,9 @@ sweep() {  # sweep DIR ARGS...: PARALLEL shards of one sweep into $RES/DIR, each
     XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction timeout "$STEP_LIMIT" $PY -m experiments.sweep --in_process \
       --shard="$i/$n" --workdir="$RES/$dir" "$@" ${EVAL_BATCHES:+--eval_batches=$EVAL_BATCHES} "${TINY[@]}" \
       > "$OUT/shard_$i.txt" 2>&1 &
+    shards+=($!)
   done
-  wait
+  wait "${shards[@]}"
   for i in $(seq 0 $((n - 1))); do
     echo "== shard $i/$n" >> "$OUT/log.txt"
     grep -v -i "warning" "$OUT/shard_$i.txt" | grep -v -E "^  step [0-9]+/" >> "$OUT/log.txt"
@@ -189,7 +192,8 @@ case $piece in
     if [ "${TWINS:-1}" = 1 ]; then  # the same GDN-2 run twice at once, beside the sweep: does a seed repeat?
       for twin in a b; do
         XLA_PYTHON_CLIENT_MEM_FRACTION=$(card_fraction "${CARD_SHARES:-8}") timeout "$STEP_LIMIT" \
-          $PY -m experiments.train --config=experiments/configs/recall.py:mqar_gdn2_w"$PILOT_WIDTH" --workdir="$RES/twins/$twin" \
+          $PY -m experiments.train --config=experiments/configs/recall.py:mqar_gdn2_w"$PILOT_WIDTH" \
+          --workdir="$RES/twins/$twin" \
           --config.data.seq_len="${PILOT_POINT%,*}" --config.data.num_kv_pairs="${PILOT_POINT#*,}" \
           --config.data.num_queries="${PILOT_POINT#*,}" "${TINY[@]}" --config.train.steps="$TWIN_STEPS" \
           > "$OUT/twin_$twin.txt" 2>&1 &
@@ -225,7 +229,7 @@ case $piece in
     report outcomes niah niah ;;
   sdm_isoflop)
     models=${MODELS:-${DRY_MODELS:+sdm gdn2}}
-    models=${models:-sdm swa_gdn swa gdn}
+    models=${models:-sdm swa_gdn gdn}
     tasks=${TASKS:-mqar s_niah_1 mk_niah_1}
     TASKS_NIAH=$(echo " $tasks " | sed 's/ mqar / /; s/^ *//; s/ *$//')
     if [[ " $tasks " == *" mqar "* ]]; then

@@ -267,10 +267,14 @@ def rate_table(outcomes, rates, threshold):
   return "\n".join(lines)
 
 
-def _colours(models):
+def _colours(models, order=()):
+  """{model: colour}: models in `order` keep their place in it (one colour per model across a study's figures), the
+  others follow, sorted."""
   import matplotlib
   palette = matplotlib.colormaps["tab10"]
-  return {model: palette(i % 10) for i, model in enumerate(sorted(models))}
+  ranked = [model for model in order if model in models] + sorted(set(models) - set(order))
+  return {model: palette((list(order).index(model) if model in order else len(order) + ranked.index(model)) % 10)
+          for model in ranked}
 
 
 def _panels(count, width=4.2, height=3.2):
@@ -285,16 +289,16 @@ def _panels(count, width=4.2, height=3.2):
   return plt, fig, list(axes.flat)
 
 
-def plot_curves(outcomes, path, target=None):
-  """Evaluation accuracy against training steps, a panel per setting, a colour per model: each seed a thin line, the
-  mean over seeds a thick one (a run that stopped early holds its last value after it)."""
+def plot_curves(outcomes, path, target=None, order=()):
+  """Evaluation accuracy against training steps, a panel per setting, a colour per model (`order`: `_colours`): each
+  seed a thin line, the mean over seeds a thick one (a run that stopped early holds its last value after it)."""
   by_setting = {}
   for o in outcomes:
     if o.curve:
       by_setting.setdefault(o.setting, []).append(o)
   if not by_setting:
     return False
-  colours = _colours({o.model for o in outcomes})
+  colours = _colours({o.model for o in outcomes}, order)
   plt, fig, axes = _panels(len(by_setting))
   for ax, (setting, members) in zip(axes, sorted(by_setting.items())):
     for model in sorted({o.model for o in members}):
@@ -314,14 +318,15 @@ def plot_curves(outcomes, path, target=None):
   return True
 
 
-def plot_pressure(outcomes, path, panel="width", threshold=None):
+def plot_pressure(outcomes, path, panel="width", threshold=None, order=()):
   """Accuracy against state pressure, pairs per key channel of a head (setting's "pairs" / "head_dim"), a panel per
-  value of the setting's `panel` field, a colour per model: the mean over seeds a line, each seed a dot."""
+  value of the setting's `panel` field, a colour per model (`order`: `_colours`): the mean over seeds a line, each
+  seed a dot."""
   points = [o for o in outcomes if {"pairs", "head_dim"} <= dict(o.setting).keys()]
   if len({dict(o.setting)["pairs"] for o in points}) < 2:
     return False
   panels = sorted({dict(o.setting).get(panel) for o in points}, key=str)
-  colours = _colours({o.model for o in points})
+  colours = _colours({o.model for o in points}, order)
   plt, fig, axes = _panels(len(panels))
   for ax, value in zip(axes, panels):
     members = [o for o in points if dict(o.setting).get(panel) == value]
