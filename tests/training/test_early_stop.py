@@ -4,11 +4,11 @@ status and the final step read it back; the target is checked and cannot change 
 
 import pytest
 
-from training_helpers import attention_config
 from sdm_jax.training import loop, sweep
 from sdm_jax.training.config import ConfigError, check_config
 from sdm_jax.training.metrics import MetricsLog
 from sdm_jax.training.workdir import WorkdirError, checkpoint_steps
+from training_helpers import attention_config
 
 
 def scripted_evaluations(monkeypatch, accuracies):
