@@ -22,19 +22,10 @@ import sys
 def dump(out, settings="{}"):
   import jax
   import jax.numpy as jnp
-  from jax._src.pallas.triton import pallas_call_registration as registration
 
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
   from pallas_kernels import sparse_tokens as st
-  from sdm_jax.testing.lowering import lower_for_h200
-
-  texts = []
-  lower = registration.lowering.lower_jaxpr_to_triton_module
-
-  def capture(*args, **kwargs):
-    result = lower(*args, **kwargs)
-    texts.append(result.module.operation.get_asm(enable_debug_info=False))
-    return result
+  from sdm_jax.testing.lowering import lower_for_h200, triton_ir
 
   settings = ast.literal_eval(settings)
   B, H, N, V, T, W, R = 4, 2, 65536, 1024, 64, 128, 128
@@ -56,16 +47,12 @@ def dump(out, settings="{}"):
                      backward + [per_token(R, V, dtype=rows_dtype), S(table.shape, f32)]),
   }
   os.makedirs(out, exist_ok=True)
-  registration.lowering.lower_jaxpr_to_triton_module = capture
-  try:
-    for name, (fn, args) in kernels.items():
-      texts.clear()
+  for name, (fn, args) in kernels.items():
+    with triton_ir() as texts:
       lower_for_h200(fn, *args)
-      with open(os.path.join(out, f"{name}.ttir"), "w") as f:
-        f.write(texts[-1])
-      print(f"{out}/{name}.ttir")
-  finally:
-    registration.lowering.lower_jaxpr_to_triton_module = lower
+    with open(os.path.join(out, f"{name}.ttir"), "w") as f:
+      f.write(texts[-1])
+    print(f"{out}/{name}.ttir")
 
 
 def compile_ttir(path, warps):

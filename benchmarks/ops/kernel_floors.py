@@ -63,32 +63,21 @@ def launches(mixer, B, T, H, K, chunk_size):
   """[(name, grid, bytes, flops per program)] of every Pallas launch of the op's forward and backward."""
   import jax
   import jax.numpy as jnp
-  from jax._src.pallas.triton import pallas_call_registration as registration
 
+  from sdm_jax.ops import pallas
   from sdm_jax.testing.inputs import make_op_inputs
-  from sdm_jax.testing.lowering import lower_for_h200
+  from sdm_jax.testing.lowering import lower_for_h200, triton_ir
   from sdm_jax.testing.runs import make_loss
   fn, args = make_op_inputs(mixer, B, T, H, K, K, "bfloat16", 0, initial_state=False)
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in args.items()}
-
   loss = jax.value_and_grad(make_loss(fn, "pallas", chunk_size), has_aux=True)  # what the ops mode times
-
-  captured = []
-  lower = registration.lowering.lower_jaxpr_to_triton_module
-
-  def capture(*a, **kw):
-    result = lower(*a, **kw)
-    captured.append(result.module.operation.get_asm(enable_debug_info=False))
-    return result
-
-  from sdm_jax.ops import pallas
-  registration.lowering.lower_jaxpr_to_triton_module = capture
   interpret, pallas.interpret = pallas.interpret, lambda: False  # lowered for the GPU, never run here
   try:
-    text = lower_for_h200(loss, abstract, jax.ShapeDtypeStruct((B, T, H, K), jnp.bfloat16),
-                          jax.ShapeDtypeStruct((B, H, K, K), jnp.float32))
+    with triton_ir() as captured:
+      text = lower_for_h200(loss, abstract, jax.ShapeDtypeStruct((B, T, H, K), jnp.bfloat16),
+                            jax.ShapeDtypeStruct((B, H, K, K), jnp.float32))
   finally:
-    registration.lowering.lower_jaxpr_to_triton_module, pallas.interpret = lower, interpret
+    pallas.interpret = interpret
   calls = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
   out = []
   for line, ttir in zip(calls, captured):
