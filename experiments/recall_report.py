@@ -93,9 +93,9 @@ def claim_comparisons(outcomes, threshold):
 
 def verdict_table(claims):
   from experiments.configs import recall
+  from sdm_jax.tables import Column, table
   from sdm_jax.training import sweep_stats
-  lines = [f"| claim | A beats B | verdict (Holm over settings, alpha {sweep_stats.ALPHA}) | where A is better "
-           "| where B is better | settings |", "|---|---|---|---|---|---|"]
+  rows = []
   where = lambda settings: "; ".join(map(sweep_stats.setting_label, settings)) or "-"
   for claim, compared in claims:
     verdicts = [sweep_stats.pair_verdict(comparisons) if comparisons else ("not run", [], [])
@@ -103,9 +103,11 @@ def verdict_table(claims):
     overall = ("not run" if all(not comparisons for _, _, comparisons in compared) else
                sweep_stats.claim_verdict([sweep_stats.UNDECIDED if verdict == "not run" else verdict
                                           for verdict, _, _ in verdicts]))
-    lines.append(f"| {claim} | **the claim** | **{overall}** | | | |")
+    rows.append({"claim": claim, "pair": "**the claim**", "verdict": f"**{overall}**", "better": "", "worse": "",
+                 "settings": ""})
     for (a, b, comparisons), (verdict, better, worse) in zip(compared, verdicts):
-      lines.append(f"| | {a} > {b} | {verdict} | {where(better)} | {where(worse)} | {len(comparisons)} |")
+      rows.append({"claim": "", "pair": f"{a} > {b}", "verdict": verdict, "better": where(better),
+                   "worse": where(worse), "settings": len(comparisons)})
   runs = sorted({(c.runs_a, c.runs_b) for _, compared in claims for _, _, cs in compared for c in cs})
   notes = []
   for a, b in runs:
@@ -114,27 +116,35 @@ def verdict_table(claims):
                  f"lopsided as {', '.join(f'{x}/{a} vs {y}/{b}' for x, y in decisive)}" if decisive else
                  f"with {a} and {b} seeds no success counts are decisive (alpha {sweep_stats.ALPHA})")
   success = f"success: accuracy >= {recall.SUCCESS} at the setting"
-  return "\n".join(lines) + "\n\n" + "; ".join([success, *notes])
+  columns = [Column("claim", "claim"), Column("A beats B", "pair"),
+             Column(f"verdict (Holm over settings, alpha {sweep_stats.ALPHA})", "verdict"),
+             Column("where A is better", "better"), Column("where B is better", "worse"),
+             Column("settings", "settings", "d")]
+  return table(columns, rows) + "\n\n" + "; ".join([success, *notes])
 
 
 def sanity_table(outcomes, target):
   """Full attention at each setting it trained at (NIAH: at its training length), at its best rate there: every seed
   must reach the target."""
+  from sdm_jax.tables import Column, table
   from sdm_jax.training import sweep_stats
   attention = sweep_stats.at_rates([o for o in outcomes if o.model == "attention" and o.curve], {})
   if not attention:
     return "sanity: no full-attention run yet"
-  lines = ["| setting | best lr | accuracy by seed | steps to target | passes |", "|---|---|---|---|---|"]
+  rows = []
   failed = 0
   for (_, setting, rate), members in sorted(sweep_stats.groups(attention).items(), key=lambda item: item[0][1]):
     passes = all(o.steps_to_target is not None for o in members)
     failed += not passes
-    lines.append(f"| {sweep_stats.setting_label(setting)} | {rate:g} | "
-                 f"{', '.join(f'{o.accuracy:.3f}' for o in members)} | "
-                 f"{', '.join(str(o.steps_to_target or '-') for o in members)} | {'yes' if passes else '**NO**'} |")
+    rows.append({"setting": sweep_stats.setting_label(setting), "lr": rate,
+                 "seeds": ", ".join(f"{o.accuracy:.3f}" for o in members),
+                 "steps": ", ".join(str(o.steps_to_target or "-") for o in members),
+                 "passes": "yes" if passes else "**NO**"})
   verdict = f"FAILED at {failed} setting(s): the protocol is broken there" if failed else "passed"
   verdict = f"sanity: {verdict} (full attention must reach accuracy {target} in every seed)"
-  return "\n".join(lines) + "\n\n" + verdict
+  columns = [Column("setting", "setting"), Column("best lr", "lr", "g"), Column("accuracy by seed", "seeds"),
+             Column("steps to target", "steps"), Column("passes", "passes")]
+  return table(columns, rows) + "\n\n" + verdict
 
 
 def gate_table(outcomes, threshold):

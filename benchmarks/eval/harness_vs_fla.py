@@ -127,6 +127,7 @@ def fla_results(export, corpus, tasks, *, max_length, batch_size):
 
 
 def main():
+  from sdm_jax.tables import Column, table
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
   parser.add_argument("--steps", type=int, default=400)
@@ -169,14 +170,15 @@ def main():
                                                batch_size=args.batch_size)
     record.update(fla=theirs["results"], architecture=architecture, device=device)
   (out / "harness_vs_fla.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-  print(f"| task | metric | ours | fla's HFLM | |difference| |\n|---|---|---|---|---|")
+  rows = []
   for task, metrics in ours.items():
     for metric in METRICS:
       if metric in metrics:
         theirs_value = record.get("fla", {}).get(task, {}).get(metric)
         diff = abs(metrics[metric] - theirs_value) if theirs_value is not None else None
-        print(f"| {task} | {metric} | {metrics[metric]:.6g} | {theirs_value if theirs_value is None else f'{theirs_value:.6g}'} "
-              f"| {'' if diff is None else f'{diff:.3g}'} |")
+        rows.append({"task": task, "metric": metric, "ours": metrics[metric], "theirs": theirs_value, "diff": diff})
+  print(table([Column("task", "task"), Column("metric", "metric"), Column("ours", "ours", ".6g"),
+               Column("fla's HFLM", "theirs", ".6g"), Column("absolute difference", "diff", ".3g")], rows))
   print(f"device: {record.get('device', 'cpu (dry run)')}; results in {out / 'harness_vs_fla.json'}")
 
 

@@ -90,6 +90,7 @@ def launches(mixer, B, T, H, K, chunk_size):
 
 
 def main():
+  from sdm_jax.tables import Column, table
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--mixer", default="kda")
   parser.add_argument("--shape", default="4x4096")
@@ -112,14 +113,16 @@ def main():
           name = re.sub(r"__\d+$", "", kernel)  # XLA numbers a second launch of one kernel
           measured[name] = measured.get(name, 0) + ms
   print(f"{args.mixer} {args.shape} H {args.heads} K=V {args.head_dim} C {args.chunk_size}: {n_calls} launches")
-  print("| launch | GB moved | byte floor ms | GFLOP | FLOP floor ms | measured ms | measured / larger floor |")
-  print("|---|---|---|---|---|---|---|")
+  rows = []
   for name, (moved, flops) in sorted(totals.items(), key=lambda kv: -measured.get(kv[0], 0)):
     byte_ms, flop_ms = moved / BANDWIDTH * 1e3, flops / PEAK_FLOPS * 1e3
     ms = measured.get(name)
-    ratio = f"{ms / max(byte_ms, flop_ms):.1f}x" if ms else ""
-    print(f"| {name} | {moved / 1e9:.3f} | {byte_ms:.3f} | {flops / 1e9:.1f} | {flop_ms:.3f} | "
-          f"{'' if ms is None else f'{ms:.3f}'} | {ratio} |")
+    rows.append({"launch": name, "moved": moved, "byte_ms": byte_ms, "flops": flops, "flop_ms": flop_ms, "ms": ms,
+                 "ratio": ms / max(byte_ms, flop_ms) if ms else None})
+  print(table([Column("launch", "launch"), Column("GB moved", "moved", ".3f", 1e9),
+               Column("byte floor ms", "byte_ms", ".3f"), Column("GFLOP", "flops", ".1f", 1e9),
+               Column("FLOP floor ms", "flop_ms", ".3f"), Column("measured ms", "ms", ".3f"),
+               Column("measured / larger floor", "ratio", ".1f", suffix="x")], rows))
 
 
 if __name__ == "__main__":

@@ -1,54 +1,15 @@
-"""The markdown of every report: one table writer (`table`: columns, records, numbers written by `cell`), the kernel
-lists of a breakdown (`kernel_section`) and the report's two files (`write_tables`)."""
+"""The markdown of every benchmark report: its tables come from the one writer (sdm_jax/tables.py: `Column`, `cell`,
+`table`, which the modes import from here), then the kernel lists of a breakdown (`kernel_section`) and the report's
+two files (`write_tables`)."""
 
-import dataclasses
 import json
-import numbers
 import os
-from typing import Any, Callable, Optional, Union
 
 from sdm_jax import jsonio
+from sdm_jax.tables import Column, cell, table  # noqa: F401 (the modes import the writer from here)
 
 KERNELS_TITLE = "## Kernels (CUPTI, one warm run, same-named kernels summed)"
 NO_KERNELS = "- breakdown: no kernel list, CUPTI is not available on this backend"
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-  """One column of a table: its header, and what its cell holds for a record, value (the record's field of that
-  name, or a function of the record) written by `cell(value, spec, scale, suffix)`."""
-  header: str
-  value: Union[str, Callable[[Any], Any]]
-  spec: Optional[str] = None
-  scale: float = 1
-  suffix: str = ""
-
-
-def cell(value, spec=None, scale=1, suffix=""):
-  """A table cell: '-' for None; a tuple's values each written so and joined by ' / ' (fwd / fwd+bwd); text as it
-  is; a number as format(value / scale, spec) + suffix, without spec an integer with thousands separators and any
-  other number to 4 significant digits."""
-  if value is None:
-    return "-"
-  if isinstance(value, tuple):
-    return " / ".join(cell(v, spec, scale, suffix) for v in value)
-  if isinstance(value, (str, bool)):
-    return str(value)
-  if not isinstance(value, numbers.Number):
-    return json.dumps(value)
-  value = value / scale if scale != 1 else value
-  if spec is None:
-    spec = "," if isinstance(value, numbers.Integral) else ".4g"
-  return format(value, spec) + suffix
-
-
-def table(columns, records):
-  """A markdown table: a row of the columns' headers, then one row per record."""
-  lines = ["| " + " | ".join(column.header for column in columns) + " |", "|" + "---|" * len(columns)]
-  for r in records:
-    values = [c.value(r) if callable(c.value) else r.get(c.value) for c in columns]
-    lines.append("| " + " | ".join(cell(v, c.spec, c.scale, c.suffix) for v, c in zip(values, columns)) + " |")
-  return "\n".join(lines)
 
 
 def format_kernels(label, summary, width=100):

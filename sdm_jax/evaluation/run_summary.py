@@ -3,6 +3,7 @@
 import json
 import pathlib
 
+from sdm_jax.tables import Column, table
 from sdm_jax.training.metrics import MetricsLog
 
 
@@ -19,10 +20,6 @@ def _records(workdir):
   except (ValueError, KeyError, TypeError) as error:
     raise ValueError(f"workdir: {str(workdir / 'metrics.jsonl')!r} is damaged: expected one JSON record a line "
                      f"({type(error).__name__}: {error})") from None
-
-
-def _fmt(x, spec):
-  return "-" if x is None else format(x, spec)
 
 
 def summarize_run(workdir):
@@ -66,25 +63,21 @@ def twin_difference(workdir_a, workdir_b):
 
 def format_twins(pairs):
   """Markdown: one line per (row_a, row_b, twin_difference) of summarize_run rows."""
-  lines = ["| run | twin | steps compared | first step differing | max relative loss difference | eval acc | "
-           "train tok/s |", "|---|---|---|---|---|---|---|"]
-  for a, b, d in pairs:
-    first = "none (identical)" if d["first_differing_step"] is None else d["first_differing_step"]
-    lines.append(f"| {a['run']} | {b['run']} | {d['steps_compared']} | {first} | "
-                 f"{d['max_relative_loss_difference']:.1e} | {_fmt(a['eval_accuracy'], '.4f')} / "
-                 f"{_fmt(b['eval_accuracy'], '.4f')} | {_fmt(a['train_tokens_per_s'], ',.0f')} / "
-                 f"{_fmt(b['train_tokens_per_s'], ',.0f')} |")
-  return "\n".join(lines)
+  rows = [{"run": a["run"], "twin": b["run"], "steps": d["steps_compared"],
+           "first": "none (identical)" if d["first_differing_step"] is None else d["first_differing_step"],
+           "difference": d["max_relative_loss_difference"], "accuracy": (a["eval_accuracy"], b["eval_accuracy"]),
+           "tokens_per_s": (a["train_tokens_per_s"], b["train_tokens_per_s"])} for a, b, d in pairs]
+  return table([Column("run", "run"), Column("twin", "twin"), Column("steps compared", "steps", "d"),
+                Column("first step differing", "first", "d"),
+                Column("max relative loss difference", "difference", ".1e"), Column("eval acc", "accuracy", ".4f"),
+                Column("train tok/s", "tokens_per_s", ",.0f")], rows)
 
 
 def format_table(rows):
-  lines = ["| run | pattern | mixer | impl | width x layers | steps | eval acc | best eval acc | eval loss | "
-           "train tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['run']} | {r['pattern']} | {r['mixer']} | {r['impl']} | {r['width']} x {r['layers']} | "
-                 f"{r['steps']} | {_fmt(r['eval_accuracy'], '.4f')} | {_fmt(r['best_eval_accuracy'], '.4f')} | "
-                 f"{_fmt(r['eval_loss'], '.4f')} | {_fmt(r['train_tokens_per_s'], ',.0f')} |")
-  return "\n".join(lines)
+  return table([Column("run", "run"), Column("pattern", "pattern"), Column("mixer", "mixer"), Column("impl", "impl"),
+                Column("width x layers", lambda r: f"{r['width']} x {r['layers']}"), Column("steps", "steps", "d"),
+                Column("eval acc", "eval_accuracy", ".4f"), Column("best eval acc", "best_eval_accuracy", ".4f"),
+                Column("eval loss", "eval_loss", ".4f"), Column("train tok/s", "train_tokens_per_s", ",.0f")], rows)
 
 
 def plot_curves(rows, path):

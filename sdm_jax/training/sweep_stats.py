@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from sdm_jax.tables import Column, table
+
 ALPHA = 0.05
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
@@ -230,41 +232,47 @@ def _fmt_p(p):
 def outcome_table(outcomes, threshold):
   """Markdown: one row per (setting, model, rate), with each seed's accuracy, the successes, the mean and its
   bootstrap interval, and the steps-to-target."""
-  lines = [f"| setting | model | lr | successes (acc >= {threshold:g}) | mean [{round(100 * CONFIDENCE)} % bootstrap] "
-           f"| accuracy by seed | steps to target (reached / runs) |", "|---|---|---|---|---|---|---|"]
+  rows = []
   for (model, setting, rate), members in sorted(groups(outcomes).items(), key=lambda item: (item[0][1], item[0][0],
                                                                                              item[0][2])):
     values = [o.accuracy for o in members]
     low, high = bootstrap_interval(values)
     reached = [o.steps_to_target for o in members if o.steps_to_target is not None]
-    steps = f"{int(np.median(reached)) if reached else '-'} ({len(reached)} / {len(members)})"
-    seeds = ", ".join(f"{o.accuracy:.3f} ({o.seed})" for o in members)
-    lines.append(f"| {setting_label(setting)} | {model} | {rate:g} | {sum(v >= threshold for v in values)} / "
-                 f"{len(values)} | {np.mean(values):.3f} [{low:.3f}, {high:.3f}] | {seeds} | {steps} |")
-  return "\n".join(lines)
+    rows.append({"setting": setting_label(setting), "model": model, "lr": rate,
+                 "successes": (sum(v >= threshold for v in values), len(values)),
+                 "mean": f"{np.mean(values):.3f} [{low:.3f}, {high:.3f}]",
+                 "seeds": ", ".join(f"{o.accuracy:.3f} ({o.seed})" for o in members),
+                 "steps": f"{int(np.median(reached)) if reached else '-'} ({len(reached)} / {len(members)})"})
+  return table([Column("setting", "setting"), Column("model", "model"), Column("lr", "lr", "g"),
+                Column(f"successes (acc >= {threshold:g})", "successes", "d"),
+                Column(f"mean [{round(100 * CONFIDENCE)} % bootstrap]", "mean"), Column("accuracy by seed", "seeds"),
+                Column("steps to target (reached / runs)", "steps")], rows)
 
 
 def comparison_table(comparisons, alpha=ALPHA):
-  lines = ["| A beats B | setting | A | B | basis | p (A better) | p (B better) | success rate A - B | mean A - B "
-           f"[{round(100 * CONFIDENCE)} % bootstrap] | steps A / B | at this setting |", "|---|" * 1 + "---|" * 10]
-  for c in comparisons:
-    lines.append(f"| {c.a} > {c.b} | {setting_label(c.setting)} | {c.successes_a}/{c.runs_a} | "
-                 f"{c.successes_b}/{c.runs_b} | {c.basis} | {_fmt_p(c.p_greater)} | {_fmt_p(c.p_less)} | "
-                 f"{c.rate_difference:+.2f} | {c.mean_difference:+.3f} [{c.interval[0]:+.3f}, {c.interval[1]:+.3f}] "
-                 f"| {c.steps_a:.0f} / {c.steps_b:.0f} | {c.verdict(alpha)} |")
-  return "\n".join(lines)
+  return table([
+      Column("A beats B", lambda c: f"{c.a} > {c.b}"), Column("setting", lambda c: setting_label(c.setting)),
+      Column("A", lambda c: f"{c.successes_a}/{c.runs_a}"), Column("B", lambda c: f"{c.successes_b}/{c.runs_b}"),
+      Column("basis", lambda c: c.basis), Column("p (A better)", lambda c: _fmt_p(c.p_greater)),
+      Column("p (B better)", lambda c: _fmt_p(c.p_less)),
+      Column("success rate A - B", lambda c: c.rate_difference, "+.2f"),
+      Column(f"mean A - B [{round(100 * CONFIDENCE)} % bootstrap]",
+             lambda c: f"{c.mean_difference:+.3f} [{c.interval[0]:+.3f}, {c.interval[1]:+.3f}]"),
+      Column("steps A / B", lambda c: (c.steps_a, c.steps_b), ".0f"),
+      Column("at this setting", lambda c: c.verdict(alpha))], comparisons)
 
 
 def rate_table(outcomes, rates, threshold):
   """Markdown: each model's learning rates at the pilot, the rate picked marked."""
-  lines = [f"| model | lr | successes (acc >= {threshold:g}) | mean accuracy | mean steps (budget if never) | "
-           "picked |", "|---|---|---|---|---|---|"]
+  rows = []
   for (model, setting, rate), members in sorted(groups(outcomes).items()):
     values = [o.accuracy for o in members]
-    lines.append(f"| {model} | {rate:g} | {sum(v >= threshold for v in values)} / {len(values)} | "
-                 f"{np.mean(values):.3f} | {np.mean([o.steps for o in members]):.0f} | "
-                 f"{'**yes**' if math.isclose(rates.get(model, -1), rate) else ''} |")
-  return "\n".join(lines)
+    rows.append({"model": model, "lr": rate, "successes": (sum(v >= threshold for v in values), len(values)),
+                 "mean": np.mean(values), "steps": np.mean([o.steps for o in members]),
+                 "picked": "**yes**" if math.isclose(rates.get(model, -1), rate) else ""})
+  return table([Column("model", "model"), Column("lr", "lr", "g"),
+                Column(f"successes (acc >= {threshold:g})", "successes", "d"), Column("mean accuracy", "mean", ".3f"),
+                Column("mean steps (budget if never)", "steps", ".0f"), Column("picked", "picked")], rows)
 
 
 def _colours(models, order=()):

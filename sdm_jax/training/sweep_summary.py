@@ -15,6 +15,7 @@ import pathlib
 import ml_collections
 import numpy as np
 
+from sdm_jax.tables import Column, table
 from sdm_jax.training import sweep
 
 METRICS = ("accuracy", "exact_match", "loss")
@@ -192,16 +193,17 @@ def _fmt_seeds(entry, metric):
 def format_table(points):
   """The markdown table: one row per (grid point, evaluation point)."""
   grid, evals = _axes(points)
-  columns = ["mixer", *grid, *[f"eval {field}" for field in evals], "block params", "FLOPs/token",
-             "state elements", "seeds", "accuracy", "accuracy by seed", "exact match", "loss"]
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  for entry in points:
-    cells = [entry["mixer"], *[_fmt_value(entry["point"].get(field, "-")) for field in grid],
-             *[_fmt_value(entry["eval_point"].get(field, "train")) for field in evals],
-             f"{entry['block_params']:,}", f"{entry['flops_per_token']:,.0f}", f"{entry['state_elements']:,}",
-             str(len(entry["seeds"])), _fmt_metric(entry.get(METRICS[0])), _fmt_seeds(entry, METRICS[0]),
-             *[_fmt_metric(entry.get(metric)) for metric in METRICS[1:]]]
-    lines.append("| " + " | ".join(cells) + " |")
+  columns = [Column("mixer", "mixer"),
+             *[Column(field, lambda entry, field=field: _fmt_value(entry["point"].get(field, "-"))) for field in grid],
+             *[Column(f"eval {field}", lambda entry, field=field: _fmt_value(entry["eval_point"].get(field, "train")))
+               for field in evals],
+             Column("block params", "block_params", ","), Column("FLOPs/token", "flops_per_token", ",.0f"),
+             Column("state elements", "state_elements", ","), Column("seeds", lambda entry: len(entry["seeds"]), "d"),
+             Column("accuracy", lambda entry: _fmt_metric(entry.get(METRICS[0]))),
+             Column("accuracy by seed", lambda entry: _fmt_seeds(entry, METRICS[0])),
+             *[Column(header, lambda entry, metric=metric: _fmt_metric(entry.get(metric)))
+               for header, metric in zip(("exact match", "loss"), METRICS[1:])]]
+  lines = [table(columns, points)]
   pct = round(100 * (points[0]["confidence"] if points else CONFIDENCE))
   lines.append(f"\nmean ± the half-width of its {pct} % t-interval over seeds (none with one seed); block params: "
                "the blocks' parameters (no embedding, head or SDM table); FLOPs/token: training, at the run's "

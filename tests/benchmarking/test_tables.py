@@ -1,12 +1,16 @@
-"""The one table writer of the benchmark reports (sdm_jax/benchmarking/tables.py): how a cell writes each kind of
-value, the table's layout, the kernel lists, and that no other module writes a markdown table of its own."""
+"""The one markdown table writer (sdm_jax/tables.py): how a cell writes each kind of value, the table's layout, and
+that no other module of the repository writes a markdown table of its own; the kernel lists of a benchmark report
+(sdm_jax/benchmarking/tables.py)."""
 
 import pathlib
 
+import sdm_jax.tables
 from sdm_jax.benchmarking import tables
-from sdm_jax.benchmarking.tables import Column, cell, kernel_section, table
+from sdm_jax.benchmarking.tables import kernel_section
+from sdm_jax.tables import Column, cell, table
 
-PACKAGE = pathlib.Path(tables.__file__).parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WRITER = pathlib.Path(sdm_jax.tables.__file__).resolve()
 
 
 def test_a_cell_writes_none_tuples_text_and_numbers():
@@ -38,8 +42,16 @@ def test_kernel_section_lists_each_records_kernels_in_field_order():
   assert kernel_section(records[1:], lambda r: r["what"], {"fwd": "forward"}) == ""
 
 
-def test_every_report_table_comes_from_the_one_writer():
-  """A markdown table's rule row is written in tables.py alone: every mode's module builds Columns instead."""
-  writers = [path.name for path in sorted(PACKAGE.glob("*.py"))
-             if path.name != "tables.py" and "|---" in path.read_text()]
+def writes_a_table(text):
+  """Whether Python source writes a markdown table by hand: a rule row, or cells joined into a row."""
+  return "|---" in text or '" | ".join' in text
+
+
+def test_every_markdown_table_comes_from_the_one_writer():
+  """The package, the kernels, the experiments and the benchmark scripts build Columns and call `table`; only the
+  writer itself writes a rule row or joins cells."""
+  sources = sorted(path.resolve() for folder in ("sdm_jax", "pallas_kernels", "experiments", "benchmarks")
+                   for path in (ROOT / folder).rglob("*.py"))
+  assert WRITER in sources and writes_a_table(WRITER.read_text())
+  writers = [str(path.relative_to(ROOT)) for path in sources if path != WRITER and writes_a_table(path.read_text())]
   assert writers == []

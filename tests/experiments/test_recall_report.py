@@ -71,8 +71,8 @@ def test_pilot_then_outcomes_decide_a_claim(tmp_path):
   # GDN-2 5 of 5 against KDA 1 of 5: Fisher's one-sided p = 6 / 252; GDN-2 > GDN was not run.
   assert "| gdn2 > kda | task mqar width 128 seq_len 256 pairs 64 head_dim 64 | 5/5 | 1/5 | successes | 0.024 | - |" \
       in text
-  assert "| | gdn2 > kda | holds |" in text and "| **the claim** | **partly** |" in text
-  assert "| | gdn2 > gdn | not run |" in text and "sanity: passed" in text  # attention ran beside them
+  assert "|  | gdn2 > kda | holds |" in text and "| **the claim** | **partly** |" in text
+  assert "|  | gdn2 > gdn | not run |" in text and "sanity: passed" in text  # attention ran beside them
   assert "0.001" not in text.split("| gdn2 |")[1].split("\n")[0]  # GDN-2 at its picked rate only
   sanity = recall_report.report("sanity", [tmp_path / "mqar"], tmp_path / "sanity", log=lines.append)
   assert "| task mqar width 128 seq_len 256 pairs 64 head_dim 64 | 0.003 |" in sanity and "sanity: passed" in sanity
