@@ -106,7 +106,7 @@ def test_backward_takes_the_table_or_reads_and_d_m0():
 
 
 @pytest.mark.parametrize("block_v,num_warps,num_stages", [(8, 2, 1), (32, 8, 2), (64, 4, 1)])
-def test_launch_settings_lower_for_cuda(block_v, num_warps, num_stages):
+def test_forward_pipeline_stages_lower_for_cuda(block_v, num_warps, num_stages):
   assert _lowers_for_cuda(lambda *a: sparse_tokens_fwd(*a, save_rows=False, block_v=block_v, num_warps=num_warps,
                                                        num_stages=num_stages), _forward_args(16, 16))
 
