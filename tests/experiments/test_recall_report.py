@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from experiments import recall_report
+from experiments import recall_protocol
 from experiments.configs import recall
 from sdm_jax.training import sweep, sweep_stats
 from sdm_jax.training.metrics import MetricsLog
@@ -60,13 +60,13 @@ def test_pilot_then_outcomes_decide_a_claim(tmp_path):
   variants = recall.protocol_variants("mqar", "gdn2 kda", "128", rates="0.001 0.01")
   run_sweep(tmp_path / "mqar", f"variant={variants}|mqar_attention_w128_lr0.003;{POINT}", study)
   lines = []
-  pilot = recall_report.report("lr_pilot", [tmp_path / "mqar"], tmp_path / "pilot", log=lines.append)
+  pilot = recall_protocol.report("lr_pilot", [tmp_path / "mqar"], tmp_path / "pilot", log=lines.append)
   rates = json.loads((tmp_path / "pilot_rates.json").read_text())
   assert rates == {"mqar": {"attention": 0.003, "gdn2": 0.01, "kda": 0.001}}
   assert "| gdn2 | 0.01 | 5 / 5 | 0.995 | 1000 | **yes** |" in pilot
   assert "| kda | 0.001 | 1 / 5 | 0.198 | 4000 | **yes** |" in pilot  # no seed reached 0.99: the whole budget
   assert (tmp_path / "pilot_curves.png").stat().st_size > 0
-  text = recall_report.report("outcomes", [tmp_path / "mqar"], tmp_path / "outcomes",
+  text = recall_protocol.report("outcomes", [tmp_path / "mqar"], tmp_path / "outcomes",
                               rates=tmp_path / "pilot_rates.json", log=lines.append)
   # GDN-2 5 of 5 against KDA 1 of 5: Fisher's one-sided p = 6 / 252; GDN-2 > GDN was not run.
   assert "| gdn2 > kda | task mqar width 128 seq_len 256 pairs 64 head_dim 64 | 5/5 | 1/5 | successes | 0.024 | - |" \
@@ -74,7 +74,7 @@ def test_pilot_then_outcomes_decide_a_claim(tmp_path):
   assert "|  | gdn2 > kda | holds |" in text and "| **the claim** | **partly** |" in text
   assert "|  | gdn2 > gdn | not run |" in text and "sanity: passed" in text  # attention ran beside them
   assert "0.001" not in text.split("| gdn2 |")[1].split("\n")[0]  # GDN-2 at its picked rate only
-  sanity = recall_report.report("sanity", [tmp_path / "mqar"], tmp_path / "sanity", log=lines.append)
+  sanity = recall_protocol.report("sanity", [tmp_path / "mqar"], tmp_path / "sanity", log=lines.append)
   assert "| task mqar width 128 seq_len 256 pairs 64 head_dim 64 | 0.003 |" in sanity and "sanity: passed" in sanity
 
 
@@ -82,17 +82,17 @@ def test_gate_presets_are_compared(tmp_path):
   accuracy = lambda name, seed: 0.995 if "preset-fla" in name else 0.0
   run_sweep(tmp_path / "gates", f"variant=mqar_gdn2_w128_lr0.003;model.delta.preset=fla|official;{POINT}", accuracy,
             seeds=4)
-  text = recall_report.report("gate_ablation", [tmp_path / "gates"], tmp_path / "gates_report", log=lambda _: None)
+  text = recall_protocol.report("gate_ablation", [tmp_path / "gates"], tmp_path / "gates_report", log=lambda _: None)
   assert "| gdn2/fla > gdn2/official | task mqar width 128 seq_len 256 pairs 64 head_dim 64 | 4/4 | 0/4 | " in text
   assert f"| {sweep_stats.HOLDS} |" in text
 
 
 def test_reports_refuse_what_they_cannot_read(tmp_path):
   with pytest.raises(ValueError, match="is not a directory"):
-    recall_report.report("outcomes", [tmp_path / "missing"], tmp_path / "out", log=lambda _: None)
+    recall_protocol.report("outcomes", [tmp_path / "missing"], tmp_path / "out", log=lambda _: None)
   run_sweep(tmp_path / "mqar", f"variant=mqar_kda_w128_lr0.003;{POINT}", lambda name, seed: 0.5, seeds=1)
   with pytest.raises(ValueError, match="rates: expected a pilot's <out>_rates.json"):
-    recall_report.report("outcomes", [tmp_path / "mqar"], tmp_path / "out", rates=tmp_path / "none.json",
+    recall_protocol.report("outcomes", [tmp_path / "mqar"], tmp_path / "out", rates=tmp_path / "none.json",
                          log=lambda _: None)
 
 
