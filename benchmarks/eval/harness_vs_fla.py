@@ -20,7 +20,6 @@ steps 1-4's ours half on the CPU (no torch), a check that the script runs.
 import argparse
 import hashlib
 import json
-import os
 import pathlib
 import subprocess
 import sys
