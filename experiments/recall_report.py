@@ -28,6 +28,7 @@ flags.DEFINE_string("out", None, "Path prefix of what is written (required).")
 flags.DEFINE_string("rates", None, "outcomes / sanity: a pilot's <out>_rates.json; each model's runs at its rate.")
 FLAGS = flags.FLAGS
 
+
 def main(argv):
   del argv
   cli.setup()

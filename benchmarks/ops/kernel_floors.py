@@ -66,7 +66,7 @@ def launches(mixer, B, T, H, K, chunk_size):
 
   from sdm_jax.ops import pallas
   from sdm_jax.testing.inputs import make_op_inputs
-  from sdm_jax.testing.lowering import lower_for_h200, triton_ir
+  from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200, triton_ir
   from sdm_jax.testing.runs import make_loss
   fn, args = make_op_inputs(mixer, B, T, H, K, K, "bfloat16", 0, initial_state=False)
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in args.items()}
@@ -78,7 +78,9 @@ def launches(mixer, B, T, H, K, chunk_size):
                             jax.ShapeDtypeStruct((B, H, K, K), jnp.float32))
   finally:
     pallas.interpret = interpret
-  calls = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+  calls = [line for line in text.splitlines() if TRITON_CALL in line]
+  if len(calls) != len(captured):  # each lowered call must pair with the IR of its own program
+    raise ValueError(f"{len(calls)} Triton calls in the lowered op but {len(captured)} programs captured")
   out = []
   for line, ttir in zip(calls, captured):
     name = re.search(r'name = "([^"]+)"', line) or re.search(r"tt\.func public @(\w+)", ttir)
@@ -100,7 +102,7 @@ def main():
   parser.add_argument("--breakdown", default=None)
   args = parser.parse_args()
   B, T = map(int, args.shape.split("x"))
-  rows, n_calls, n_ir = launches(args.mixer, B, T, args.heads, args.head_dim, args.chunk_size)
+  rows, n_calls, _ = launches(args.mixer, B, T, args.heads, args.head_dim, args.chunk_size)
   totals = defaultdict(lambda: [0, 0])
   for name, grid, moved, flops in rows:
     totals[name][0] += moved

@@ -196,7 +196,7 @@ def _model_config(fla_config, where):
     raise ValueError(f"{where}: config field expand_v={expand_v!r} gives a non-integer value width")
   c.mlp_hidden, c.norm_eps, c.init = hidden, float(fla_config.get("norm_eps", 1e-6)), "fla"
   c.tie_embeddings = bool(fla_config.get("tie_word_embeddings", False))
-  c.delta.preset, c.delta.norm_eps = "fla", c.norm_eps
+  c.delta.preset = "fla"  # its layers take the model's norm_eps, as fla's do (models.config.delta_layer)
   c.delta.conv_size = int(fla_config.get("conv_size", 4))
   if mixer == "gdn":
     activation = fla_config.get("output_gate_activation", "swish")
