@@ -2,8 +2,9 @@
 
 Three launches, the forward's in reverse:
   state_pass_bwd  grid (B, H, V / block_v): sequential over chunks from the last, carries dS (the
-                  gradient of the state leaving a chunk) and writes dR = Aqk^T dO + u~ dS and every
-                  chunk's dS; dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's `ChunkTensors`).
+                  gradient of the state leaving a chunk, fp32) and writes dR = Aqk^T dO + u~ dS and every
+                  chunk's dS (in `saved_state_dtype`, as the forward's saved states);
+                  dS <- exp(G_C) dS + q~^T dO - Y^T dR (the forward's `ChunkTensors`).
   intra_chunk_bwd grid (B, H, N), passes 1 to 3: per chunk, with R and the state S entering it (saved
                   by the forward) and dS: the products that contract V (dz = A^T dR, dA = dR z^T; per key
                   block dq~ = dO S^T, du~ = R dS^T, dY = -dR S^T, d exp(G_C), each state block read once),
@@ -34,8 +35,8 @@ from jax.experimental import pallas as pl
 from pallas_kernels import chunk_math as cm
 from pallas_kernels.delta_rule_fwd import (DocumentMasks, StatePassSettings, check_block_v, chunk_decay, chunk_decays,
                                            chunk_shape, chunk_spec, columns, decays_spec, document_masks,
-                                           document_spec, last_decays, masked, params, seq_spec, split_documents,
-                                           state_dot, state_spec, states_spec)
+                                           document_spec, last_decays, masked, params, saved_state_dtype, seq_spec,
+                                           split_documents, state_dot, state_spec, states_spec)
 from pallas_kernels.launch import named_call, one_at_a_time, require
 
 
@@ -47,7 +48,7 @@ def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, 
   def chunk(i, d_state):
     n = num_chunks - 1 - i
     t = pl.ds(n * C, C)
-    dstates_ref[n] = d_state
+    dstates_ref[n] = d_state.astype(dstates_ref.dtype)
     d_o = do_ref[t, :]
     d_r = sdot(Aqk_ref[t, :].T, d_o) + sdot(u_decayed_ref[t, :], d_state)
     dr_ref[t, :] = d_r
@@ -65,9 +66,9 @@ class StatePassBwdSettings(StatePassSettings):
 @functools.partial(jax.jit, static_argnames=("chunk_size", "settings", "interpret"))
 def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, interpret=False):
   """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
-  [B, H, N, K, V] fp32. chunks: the `ChunkTensors` from `intra_chunk` (reads q_decayed, u_decayed, decay_last,
-  Y and Aqk); d_o [B, T, H, V] in the io dtype, d_final_state [B, H, K, V] fp32. settings: `StatePassBwdSettings`
-  (None: its rule for these shapes)."""
+  [B, H, N, K, V] in `saved_state_dtype` (bf16 for bf16 io; carried in fp32, rounded as it is stored). chunks: the
+  `ChunkTensors` from `intra_chunk` (reads q_decayed, u_decayed, decay_last, Y and Aqk); d_o [B, T, H, V] in the io
+  dtype, d_final_state [B, H, K, V] fp32. settings: `StatePassBwdSettings` (None: its rule for these shapes)."""
   c = chunks
   B, T, H, K = c.q_decayed.shape
   V = d_o.shape[-1]
@@ -80,7 +81,7 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, int
       functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
                         sdot=state_dot(c.Y.dtype, interpret)),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
-                 jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32)),
+                 jax.ShapeDtypeStruct((B, H, N, K, V), saved_state_dtype(c.Y.dtype))),
       grid=(B, H, V // block_v),
       in_specs=[seq_spec(T, K)] * 2 + [decays_spec(c, N), seq_spec(T, K), seq_spec(T, chunk_size),
                                        seq_spec(T, V, block_v), state_spec(K, block_v)],
@@ -132,7 +133,9 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
       d_y -= cm.dot(columns(dr_ref, j, vb), state.T, io)
       d_q_decayed += cm.dot(columns(do_ref, j, vb), state.T, io)
       d_u_decayed += cm.dot(columns(r_ref, j, vb), d_state.T, io)
-      d_decay_last += jnp.sum(state * d_state, axis=1)
+      # Under bf16 io S and dS come stored in bf16 (`saved_state_dtype`), the rounding the dots above give them;
+      # this product and its sum are fp32, so d exp(G_C) carries no rounding beyond theirs.
+      d_decay_last += jnp.sum(state.astype(f32) * d_state.astype(f32), axis=1)
     G = chunk_decays(G_ref, keys, scalar_decay)
     exp_G = masked(masks.sees_state, jnp.exp(G))
     G_C = last_decays(G_ref, keys, scalar_decay)
@@ -279,9 +282,10 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   G: `chunk_cumsum(g)`, [B, T, H, K], or [B, T, H] with one decay per head (then dg is [B, T, H]); A: the inverse from
-  `intra_chunk`; r (= R), states, d_states [B, H, N, K, V]: R, the state entering and the gradient of the state leaving
-  each chunk; d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`; documents: None, or the [B, T] int32 the
-  forward's `intra_chunk` read (packed sequences). dg is the gradient with respect to the g the forward's cumsum G
+  `intra_chunk`; r = R [B, T, H, V]; states, d_states [B, H, N, K, V]: the state entering and the gradient of the
+  state leaving each chunk, in the dtype `state_pass` and `state_pass_bwd` store them in (`saved_state_dtype`: bf16
+  under bf16 io); d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`; documents: None, or the [B, T] int32
+  the forward's `intra_chunk` read (packed sequences). dg is the gradient with respect to the g the forward's cumsum G
   summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
   settings: `IntraChunkBwdSettings` (None: its defaults at chunk_size).

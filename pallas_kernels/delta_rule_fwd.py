@@ -24,7 +24,7 @@ k, v and gates, from which each block forms them in registers (and normalizes q 
 Shapes (T padded to N * C, K and V powers of two >= 16): q, u, e, k: [B, T, H, K]; z, v: [B, T, H, V];
 g: [B, T, H, K] fp32 log decay, which the kernels read as G = `chunk_cumsum(g)`; initial_state: [B, H, K, V]
 fp32; exp(G_C): [B, N, H, K] fp32. For the backward, intra_chunk can also return A [B, T, H, C] fp32 and
-state_pass the state entering every chunk [B, H, N, K, V] fp32.
+state_pass the state entering every chunk [B, H, N, K, V], stored in `saved_state_dtype` (bf16 for bf16 inputs).
 
 A decay shared by all channels (GDN's one number per head) travels as g and G [B, T, H] and exp(G_C) [B, N, H]:
 every kernel, backward included, takes its rank as the sign and reads one decay per row instead of K.
@@ -252,6 +252,14 @@ def state_dot(io_dtype, interpret):
   return functools.partial(cm.dot, precision=cm.precisions(io_dtype, interpret).io)
 
 
+def saved_state_dtype(io_dtype):
+  """The dtype the backward stores every chunk's state and its gradient in ([B, H, N, K, V]): bf16 where the io
+  products take bf16 operands (`chunk_math.precisions`), since every dot that reads them rounds them to bf16 anyway;
+  fp32 otherwise. The carried state inside the passes is fp32 either way."""
+  bf16 = cm.precisions(io_dtype, interpret=False).io == cm.BF16_OPERANDS
+  return jnp.dtype(jnp.bfloat16 if bf16 else jnp.float32)
+
+
 def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_ref, Aqk_ref, h0_ref, o_ref, ht_ref,
                        *saved_refs, chunk_size, num_chunks, sdot):
   f32 = jnp.float32
@@ -260,7 +268,7 @@ def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_re
   def chunk(n, state):
     t = pl.ds(n * C, C)
     if saved_refs:
-      saved_refs[0][n] = state
+      saved_refs[0][n] = state.astype(saved_refs[0].dtype)
     R = U_ref[t, :].astype(f32) - sdot(Y_ref[t, :], state)
     if saved_refs:
       saved_refs[1][t, :] = R
@@ -512,8 +520,9 @@ def check_block_v(settings, V):
 @functools.partial(jax.jit, static_argnames=("chunk_size", "save_states", "settings", "interpret"))
 def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings=None, interpret=False):
   """Sequential over chunks, reading the `ChunkTensors` from `intra_chunk` but A: o [B, T, H, V] in U's dtype,
-  the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V]
-  fp32 and R = U - Y S [B, T, H, V] fp32. settings: `StatePassSettings` (None: its rule for these shapes)."""
+  the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V] in
+  `saved_state_dtype` (bf16 for bf16 io; carried in fp32, rounded as it is stored) and R = U - Y S [B, T, H, V] fp32.
+  settings: `StatePassSettings` (None: its rule for these shapes)."""
   c = chunks
   B, T, H, K = c.q_decayed.shape
   V = c.U.shape[-1]
@@ -525,7 +534,8 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
   out_shape = [jax.ShapeDtypeStruct((B, T, H, V), io), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32)]
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
-    out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), jnp.float32), jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
+    out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), saved_state_dtype(io)),
+                  jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
     out_specs += [states_spec(N, K, block_v), seq_spec(T, V, block_v)]
   return pl.pallas_call(
       functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(io, interpret)),

@@ -5,8 +5,9 @@ kernels form u, e, z from the mixer's k, v and gates (`mixer_inputs.Form`). For 
 forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.delta_rule_bwd` (state_pass_bwd,
 then intra_chunk_bwd) the `Residuals`: the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads),
 the `ChunkTensors` with the fp32 inverse A, and the initial state; the backward runs the state pass again for the
-fp32 state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the gradients
-then go through the forming of q, u, e, z by autodiff of `inputs.reference_inputs`.
+state entering every chunk and R = U - Y S (saving them cost 0.6 GiB per layer at 4 x 4096); the chunk states and
+their gradients are stored in bf16 under bf16 io (`delta_rule_fwd.saved_state_dtype`); the gradients then go through
+the forming of q, u, e, z by autodiff of `inputs.reference_inputs`.
 """
 
 import dataclasses
@@ -179,7 +180,7 @@ def _bwd(static, residuals, cotangents):
   d_o, d_final = cotangents
   Tp, Kp, Vp = res.q.shape[1], res.q.shape[-1], res.z.shape[-1]
   kw = dict(chunk_size=chunk_size, interpret=interpret())
-  # The states entering each chunk ([B, H, T/C, K, V] fp32, 512 MiB per layer at B 4, T 4096, H 16, C 32) and
+  # The states entering each chunk ([B, H, T/C, K, V], 256 MiB per layer in bf16 at B 4, T 4096, H 16, C 32) and
   # R are formed again here rather than saved: one more state pass, whose forward then writes neither.
   _, _, states, R = state_pass(res.chunks, res.initial_state, save_states=True, **kw)
   d_o = _pad(d_o.astype(res.z.dtype), Tp, Vp)

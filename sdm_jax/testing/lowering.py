@@ -1,6 +1,7 @@
 """The 'cuda' lowering check of the kernel tests: lower a function for an abstract NVIDIA H200 (no GPU needed), which
-catches primitives that interpret mode accepts but Triton does not; and the Triton IR of the launches lowered, which
-benchmarks/kernel_registers.py and benchmarks/ops/kernel_floors.py read."""
+catches primitives that interpret mode accepts but Triton does not; the Triton IR of the launches lowered, which
+benchmarks/kernel_registers.py and benchmarks/ops/kernel_floors.py read; and every equation of a traced program
+(`equations`), Pallas launches and kernel bodies included, for tests that read what a launch receives."""
 
 import contextlib
 
@@ -34,3 +35,15 @@ def triton_ir():
     yield texts
   finally:
     registration.lowering.lower_jaxpr_to_triton_module = lower
+
+
+def equations(jaxpr):
+  """Every equation of a jaxpr (or ClosedJaxpr) and of the jaxprs inside it (kernel bodies, loops, calls), depth
+  first. A Pallas launch is an equation of primitive "pallas_call" whose params["name"] is the launch's name."""
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from equations(inner)

@@ -6,7 +6,8 @@ import pytest
 
 from sdm_jax.testing.errors import TOLERANCES, assert_close, results
 from sdm_jax.testing.inputs import cast, cotangents, make_inputs, seed_of
-from sdm_jax.testing.runs import MIXERS, call, outputs_and_grads, value_dim
+from sdm_jax.testing.lowering import equations
+from sdm_jax.testing.runs import MIXERS, call, loss, outputs_and_grads, value_dim
 
 
 B, H, K, V = 2, 2, 16, 32
@@ -43,6 +44,34 @@ def test_bf16_matches_fp32_scan(mixer, impl):
   reference = outputs_and_grads(mixer, cast(bf16_inputs, jnp.float32), r_o, r_s, impl="scan", use_qk_l2norm=True)
   assert_close(results(o, final_state, grads), results(*reference), TOLERANCES["bfloat16"][impl],
                f"bf16 {impl} vs fp32 scan, {mixer}")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("mixer", ["kda", "gdn"])  # a decay per channel, one per head
+def test_pallas_backward_moves_the_chunk_states_in_bf16_under_bf16_inputs(mixer, dtype):
+  """impl="pallas"'s backward: the replayed state pass writes the state entering every chunk, state_pass_bwd every
+  chunk's dS, and intra_chunk_bwd reads both ([B, H, N, K, V]), all in bf16 for bf16 inputs and fp32 for fp32 ones
+  (DESIGN.md section 2), as the launches of the traced gradient receive and return them."""
+  T, C = 64, 16
+  inputs = cast(_inputs(mixer, T, seed_of("states", mixer)), dtype)
+  r_o, r_s = _weights(mixer, T, 0)
+
+  def objective(arrays):
+    o, final_state = call(mixer, arrays, impl="pallas", chunk_size=C, use_qk_l2norm=True, output_final_state=True)
+    return loss(o, final_state, r_o, r_s)
+
+  launches = {}
+  for eqn in equations(jax.make_jaxpr(jax.grad(objective))(inputs)):
+    if eqn.primitive.name == "pallas_call":
+      received, returned = [v.aval for v in eqn.invars], list(eqn.params["out_avals"])
+      launches.setdefault(eqn.params["name"], []).append((received, returned))
+  states_shape = (B, H, T // C, K, value_dim(mixer, K, V))
+  chunk_states = lambda avals: [x.dtype for x in avals if x.shape == states_shape]
+  saving = [returned for _, returned in launches["delta_rule_state_pass"] if chunk_states(returned)]
+  assert len(saving) == 1 and chunk_states(saving[0]) == [dtype]
+  (_, returned), = launches["delta_rule_state_pass_bwd"]
+  (received, _), = launches["delta_rule_intra_chunk_bwd"]
+  assert chunk_states(returned) == [dtype] and chunk_states(received) == [dtype, dtype]
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
