@@ -81,16 +81,22 @@ def lowest_bound(chunk_size):
   return -2 * BOUNDED_EXPONENT / chunk_size
 
 
-def check_lower_bound(lower_bound, chunk_size):
-  """ValueError naming lower_bound unless it is None or a real number in [`lowest_bound(chunk_size)`, 0)."""
+def check_lower_bound(lower_bound, chunk_size, scalar_decay=False):
+  """Whether the grams of chunk_size rows are formed bounded (lower_bound given): ValueError naming lower_bound
+  unless it is None or a real number in [`lowest_bound(chunk_size)`, 0), and with scalar_decay (one decay per head,
+  whose grams are plain dots times one decay matrix, with no factors to bound) unless it is None."""
   if lower_bound is None:
-    return
+    return False
+  if scalar_decay:
+    raise ValueError(f"lower_bound: expected None with one decay per head (its grams are plain dots times one decay "
+                     f"matrix already), got {lower_bound!r}")
   lowest = lowest_bound(chunk_size)
   if (isinstance(lower_bound, bool) or not isinstance(lower_bound, numbers.Real)
       or not lowest <= lower_bound < 0):
     raise ValueError(f"lower_bound: expected None or a number in [{lowest:g}, 0) at chunk size {chunk_size} "
                      f"(|lower_bound| * chunk_size / 2 <= {BOUNDED_EXPONENT:g} keeps every factor finite in fp32), "
                      f"got {lower_bound!r}")
+  return True
 
 
 def block_sizes(C, sub=1):

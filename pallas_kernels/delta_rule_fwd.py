@@ -192,17 +192,6 @@ def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, k
   Aqk_ref[...] = jnp.where(pairs(c <= r), q_u * D, 0.0).astype(Aqk_ref.dtype)
 
 
-def check_bound(lower_bound, chunk_size, scalar_decay):
-  """Whether the per-chunk kernels form the grams bounded (lower_bound given): ValueError naming lower_bound unless
-  `chunk_math.check_lower_bound` accepts it at chunk_size, or when given with one decay per head (scalar_decay),
-  whose grams take no factors."""
-  cm.check_lower_bound(lower_bound, chunk_size)
-  if lower_bound is not None and scalar_decay:
-    raise ValueError(f"lower_bound: expected None with one decay per head (G [B, T, H]: its grams are plain dots "
-                     f"times one decay matrix already), got {lower_bound!r}")
-  return lower_bound is not None
-
-
 def chunk_decays(G_ref, keys, scalar_decay):
   """G [C, kb]: a chunk's cumsum at the channels `keys`; with scalar_decay (G_ref [C], one decay per head) [C, 1],
   the same for every channel."""
@@ -414,7 +403,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   form.check(K, V)
   C = chunk_size
   scalar_decay = G.ndim == 3
-  bounded = check_bound(lower_bound, chunk_size, scalar_decay)
+  bounded = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
   decays = None if scalar_decay else K
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
