@@ -57,6 +57,8 @@ class XlaImplementation:
   config: ChunkConfig = ChunkConfig()
   # Whether the kernels form u, e, z and mask padding themselves (`Pallas`).
   in_kernels: ClassVar[bool] = False
+  # Whether the op's lower_bound changes how it computes (`Pallas`); the others take it and ignore it.
+  uses_lower_bound: ClassVar[bool] = False
 
   def chunk_size(self, chunk_size, T):
     """The chunk size T tokens run at: chunk_size (None: the config's), clamped to T's padded length."""
@@ -98,6 +100,7 @@ class Pallas:
   name: str = "pallas"
   config: PallasOpSettings = PallasOpSettings.defaults()
   in_kernels: ClassVar[bool] = True
+  uses_lower_bound: ClassVar[bool] = True
 
   def supported(self, backend):
     return backend == "gpu"

@@ -29,41 +29,27 @@ def _inputs(seed, B, T, H, K, V, decay, gate):
 
 @pytest.mark.parametrize("decay,gate,chunk_size,seed", [
     (0.01, "rand", 64, 0), (1.0, "rand", 32, 1), (30.0, "rand", 64, 2), (1.0, "zero", 16, 3), (0.1, "one", 64, 4),
+    # With lower_bound, the lowest the chunk size takes, gram_solve forms each gram in one dot: g at the bound
+    # everywhere, or mixed between it and 0.
+    ("at bound", "rand", 16, 5), ("above bound", "rand", 32, 6), ("at bound", "rand", 32, 7),
 ])
 def test_forward_matches_scan(decay, gate, chunk_size, seed):
   B, H, K, V = 1, 2, 32, 16
   T = 2 * chunk_size
-  q, u, e, z, g, h0 = _inputs(seed, B, T, H, K, V, decay, gate)
+  bounded = isinstance(decay, str)
+  q, u, e, z, g, h0 = _inputs(seed, B, T, H, K, V, 1.0 if bounded else decay, gate)
+  lower_bound = lowest_bound(chunk_size) if bounded else None
+  if bounded:
+    g = lower_bound * (np.ones_like(g) if decay == "at bound" else np.random.default_rng(seed).uniform(size=g.shape))
   f32 = lambda x: jnp.asarray(x, jnp.float32)
   o, final_state = delta_rule_fwd(*map(f32, (q, u, e, z, g, h0)), scale=K**-0.5, chunk_size=chunk_size,
-                                  interpret=True)
+                                  lower_bound=lower_bound, interpret=True)
   with jax.enable_x64(True):
     o_ref, s_ref = delta_rule_scan(*map(lambda x: jnp.asarray(x, jnp.float64), (q, u, e, z, g)),
                                    K**-0.5, jnp.asarray(h0, jnp.float64))
     o_ref, s_ref = np.asarray(o_ref), np.asarray(s_ref)
   assert relative_error(o, o_ref) < 1e-4
   # Elementwise too, so a single unwritten row or tile cannot hide inside the norm.
-  assert np.max(np.abs(np.asarray(o) - o_ref)) < 1e-4 * np.max(np.abs(o_ref))
-  assert relative_error(final_state, s_ref) < 1e-4
-
-
-@pytest.mark.parametrize("chunk_size,at_bound", [(16, True), (32, False), (32, True)])
-def test_bounded_forward_matches_scan(chunk_size, at_bound):
-  """With lower_bound (the lowest the chunk size takes) gram_solve forms each gram in one dot: o and the final state
-  as the scan's with g at the bound everywhere, or mixed between it and 0."""
-  B, H, K, V = 1, 2, 32, 16
-  T = 2 * chunk_size
-  bound = lowest_bound(chunk_size)
-  q, u, e, z, g, h0 = _inputs(chunk_size + at_bound, B, T, H, K, V, 1.0, "rand")
-  g = np.full_like(g, bound) if at_bound else bound * np.random.default_rng(1).uniform(size=g.shape)
-  f32 = lambda x: jnp.asarray(x, jnp.float32)
-  o, final_state = delta_rule_fwd(*map(f32, (q, u, e, z, g, h0)), scale=K**-0.5, chunk_size=chunk_size,
-                                  lower_bound=bound, interpret=True)
-  with jax.enable_x64(True):
-    o_ref, s_ref = delta_rule_scan(*map(lambda x: jnp.asarray(x, jnp.float64), (q, u, e, z, g)),
-                                   K**-0.5, jnp.asarray(h0, jnp.float64))
-    o_ref, s_ref = np.asarray(o_ref), np.asarray(s_ref)
-  assert relative_error(o, o_ref) < 1e-4
   assert np.max(np.abs(np.asarray(o) - o_ref)) < 1e-4 * np.max(np.abs(o_ref))
   assert relative_error(final_state, s_ref) < 1e-4
 
