@@ -161,13 +161,13 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
     return *(a + d for a, d in zip(acc, D)), acc[-2] + M_T, acc[-1] + M_qk + diag
 
   blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
-  if bounded:  # (T, Aqk)
-    T, Aqk = jax.lax.fori_loop(0, K // kb, gram_block, (square, square))
-  else:  # (D_T, D_qk, M_T, M_qk): the sub-blocks' pairs apart from the levels'
-    D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
-    T, Aqk = cm.place_blocks(D_T) + M_T, cm.place_blocks(D_qk) + M_qk
-  A_ref[...] = cm.unit_lower_inverse(masked(same, T), dots)
-  Aqk_ref[...] = masked(same, Aqk).astype(Aqk_ref.dtype)
+  # Bounded: (T, Aqk); else (D_T, D_qk, M_T, M_qk), the sub-blocks' pairs apart from the levels', each placed where
+  # it is used (Aqk's after the inverse, so that it is not held through it).
+  init = (square, square) if bounded else (blocks, blocks, square, square)
+  *D, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, init)
+  place = lambda i, M: M if bounded else cm.place_blocks(D[i]) + M
+  A_ref[...] = cm.unit_lower_inverse(masked(same, place(0, M_T)), dots)
+  Aqk_ref[...] = masked(same, place(1, M_qk)).astype(Aqk_ref.dtype)
 
 
 def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same):
