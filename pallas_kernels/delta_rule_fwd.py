@@ -4,8 +4,9 @@ Four launches:
   chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and Aqk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
-              exponent <= 0; a decay shared by all channels, GDN's, needs only plain dots times one
-              [C, C] decay matrix, faster for GDN's op forward: benchmarks/ops/README.md, launch settings).
+              exponent <= 0, and the one dot per gram that a lower bound on g allows; a decay shared by
+              all channels, GDN's, needs only plain dots times one [C, C] decay matrix, faster for GDN's
+              op forward: benchmarks/ops/README.md, launch settings).
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
               q~ = scale * q * exp(G), u~ = u * exp(G_C - G) and exp(G_C).
   state_pass  grid (B, H, V / block_v): sequential over chunks, carries the fp32 state tile,
@@ -125,12 +126,13 @@ def split_documents(refs, packed):
   return (refs[0], refs[1:]) if packed else (None, refs)
 
 
-def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, packed, padded,
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, bounded, packed, padded,
                        interpret):
   """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: G_ref [C] holds
-  the head's one decay, so the grams are plain dots times one [C, C] decay matrix. packed: refs start
-  with the chunk's documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
+  the head's one decay, so the grams are plain dots times one [C, C] decay matrix. bounded: g >= a lower bound,
+  every pair in one dot per gram (`chunk_math.levels`), no sub-blocks. packed: refs start with the chunk's
+  documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
   documents_ref, refs = split_documents(refs, packed)
   real_ref, refs = split_documents(refs, padded)
   same = None if documents_ref is None else document_masks(documents_ref).same
@@ -153,15 +155,19 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
     G = G_ref[:, keys]
     q = columns(q_ref, i, kb) * q_scale
     u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
-    D_T, D_qk = cm.block_pairs([e, q], G, sub, rows)
-    M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows)
+    D = () if bounded else cm.block_pairs([e, q], G, sub, rows)
+    M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows, bounded)
     diag = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
-    return acc[0] + D_T, acc[1] + D_qk, acc[2] + M_T, acc[3] + M_qk + diag
+    return *(a + d for a, d in zip(acc, D)), acc[-2] + M_T, acc[-1] + M_qk + diag
 
   blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
-  D_T, D_qk, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, (blocks, blocks, square, square))
-  A_ref[...] = cm.unit_lower_inverse(masked(same, cm.place_blocks(D_T) + M_T), dots)
-  Aqk_ref[...] = masked(same, cm.place_blocks(D_qk) + M_qk).astype(Aqk_ref.dtype)
+  # Bounded: (T, Aqk); else (D_T, D_qk, M_T, M_qk), the sub-blocks' pairs apart from the levels', each placed where
+  # it is used (Aqk's after the inverse, so that it is not held through it).
+  init = (square, square) if bounded else (blocks, blocks, square, square)
+  *D, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, init)
+  place = lambda i, M: M if bounded else cm.place_blocks(D[i]) + M
+  A_ref[...] = cm.unit_lower_inverse(masked(same, place(0, M_T)), dots)
+  Aqk_ref[...] = masked(same, place(1, M_qk)).astype(Aqk_ref.dtype)
 
 
 def _scalar_grams(q_ref, G_ref, arrays, A_ref, Aqk_ref, form, q_scale, k_norm, kb, dots, same):
@@ -378,10 +384,10 @@ def chunk_shape(q, v, chunk_size, io_dtype):
   return Shape(B=B, T=T, H=H, K=K, V=v.shape[-1], dtype=jnp.dtype(io_dtype).name, chunk_size=chunk_size)
 
 
-@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "settings",
-                                             "interpret"))
-def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, documents=None,
-                real=None, settings=None, interpret=False):
+@functools.partial(jax.jit, static_argnames=("form", "io_dtype", "scale", "chunk_size", "save_inverse", "lower_bound",
+                                             "settings", "interpret"))
+def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, save_inverse=False, lower_bound=None,
+                documents=None, real=None, settings=None, interpret=False):
   """G = `chunk_cumsum(g)`, [B, T, H, K] or [B, T, H] (one decay per head); arrays: what `form` builds u, e, z
   from (by default the formed (u, z, e)).
   Returns the `ChunkTensors` Y, U, Aqk, q_decayed, u_decayed (in io_dtype, by default that of arrays[1], the
@@ -391,6 +397,9 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   the decays that span a start (`DocumentMasks`). Without it the kernels are the unpacked ones. real: None, or with
   documents [B, T] int32, 0 on padding: both launches zero q and k there (a form whose u and e vanish with k then
   makes a padding token inert without a pass over q and k).
+
+  lower_bound: None, or the caller's promise that every g >= lower_bound (`chunk_math.check_lower_bound` at
+  chunk_size, per-channel G only): gram_solve then forms each gram with one dot (`chunk_math.levels`).
 
   Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its defaults
   at chunk_size). With G [B, T, H] gram_solve forms the grams as plain dots times one decay matrix, and decay_last
@@ -402,6 +411,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   form.check(K, V)
   C = chunk_size
   scalar_decay = G.ndim == 3
+  bounded = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
   decays = None if scalar_decay else K
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
@@ -415,7 +425,8 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
     specs, arrays = [document_spec(C)] + specs, (documents, *arrays)
   A, Aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=s.key_block, sub_block=s.sub_block,
-                        scalar_decay=scalar_decay, packed=packed, padded=padded, interpret=interpret),
+                        scalar_decay=scalar_decay, bounded=bounded, packed=packed, padded=padded,
+                        interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K), chunk_spec(C, decays)] + specs, out_specs=(chunk_spec(C, C),) * 2,
       compiler_params=params(s.num_warps, s.num_stages), interpret=interpret,
@@ -553,13 +564,15 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
 SETTINGS = (ChunkCumsumSettings, IntraChunkSettings, StatePassSettings)
 
 
-def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, interpret=False):
+def delta_rule_fwd(q, u, e, z, g, initial_state, *, scale, chunk_size=64, lower_bound=None, interpret=False):
   """Returns (o [B, T, H, V] in z.dtype, final state [B, H, K, V] fp32).
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (one decay per head) fp32;
   initial_state: [B, H, K, V] fp32.
-  T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}.
+  T a multiple of chunk_size; K and V powers of two >= 16; chunk_size in {16, 32, 64}; lower_bound: None or the
+  caller's promise g >= lower_bound (`intra_chunk`).
   """
   G = chunk_cumsum(g, chunk_size, interpret)
-  chunks = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, interpret=interpret)
+  chunks = intra_chunk(q, (u, z, e), G, scale=scale, chunk_size=chunk_size, lower_bound=lower_bound,
+                       interpret=interpret)
   return state_pass(chunks, initial_state, chunk_size=chunk_size, interpret=interpret)

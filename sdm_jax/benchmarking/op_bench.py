@@ -8,7 +8,9 @@ the median of `reps` warm runs (on the GPU, device kernel time: `timing.median_m
 an impl not built) is recorded with its error and the sweep goes on. With breakdown, one more warm run of each is
 listed kernel by kernel (CUPTI), ours and the peer's, so that each of our kernels can be set against the fla stage
 it competes with. The peer runs in each of its modes asked for (`fla_peer.PEER_MODES`), and the ratios of ours are
-taken against its fastest. The sweep goes shape by shape, every mixer at each, so that a run cut off by a time
+taken against its fastest. With bounded, each program of an impl that uses the op's lower_bound
+(`ops.delta_rule.IMPLEMENTATIONS`, `uses_lower_bound`) is timed again with the peer's bound, so that both modes of ours
+stand beside both of fla's. The sweep goes shape by shape, every mixer at each, so that a run cut off by a time
 limit has every mixer at the shapes it reached; with compile_threads > 1 the programs of one mixer and shape (each
 impl and chunk size, forward and forward+backward) are compiled at once before any is timed.
 """
@@ -59,6 +61,9 @@ def check_settings(settings):
   for chunk_size in settings.chunk_size:
     check_chunk_size(chunk_size)
   fla_peer.check_modes(settings.peer_modes)
+  if settings.bounded and not any(_uses_lower_bound(impl) for impl in settings.impls):
+    raise ValueError(f"bounded: times again the impls that use lower_bound, expected one in impls, got "
+                     f"{list(settings.impls)}")
   if settings.compile_threads < 1:
     raise ValueError(f"compile_threads: expected an integer >= 1, got {settings.compile_threads}")
 
@@ -81,6 +86,22 @@ def _chunk_of(impl, chunk_size, T):
     return chunk_size
 
 
+def _uses_lower_bound(impl):
+  """Whether the dense ops' impl `impl` computes differently with a lower_bound (False for a name the registry lacks,
+  whose record holds the op's error, and in a --base tree older than the option)."""
+  from sdm_jax.ops.delta_rule import IMPLEMENTATIONS
+  return getattr(IMPLEMENTATIONS.get(impl), "uses_lower_bound", False)
+
+
+def _bounded_suffix(lower_bound):
+  return "" if lower_bound is None else f" lower_bound={lower_bound:g}"
+
+
+def name_of(record):
+  """A record's impl as the tables name it: "pallas", "pallas lower_bound=-5", "fla safe_gate"."""
+  return record["impl"] + _bounded_suffix(record.get("lower_bound"))
+
+
 def _record(mixer, impl, B, T, timings=None, error=None, **extra):
   record = {"mixer": mixer, "impl": impl, "B": B, "T": T, "tokens": B * T, "error": error, **extra}
   for part in ("fwd", "fwd_bwd"):
@@ -91,20 +112,23 @@ def _record(mixer, impl, B, T, timings=None, error=None, **extra):
   return {**record, **{k: v for k, v in (timings or {}).items() if k.startswith(("compile", "kernels"))}}
 
 
-def compile_impl(fn, args, readout, impl, chunk_size):
-  """(forward, forward+backward, {compile_fwd_s, compile_fwd_bwd_s}): the op's programs compiled for args."""
+def compile_impl(fn, args, readout, impl, chunk_size, lower_bound=None):
+  """(forward, forward+backward, {compile_fwd_s, compile_fwd_bwd_s}): the op's programs compiled for args, with
+  lower_bound where it is not None (a --base tree older than the option runs the others)."""
+  options = {} if lower_bound is None else {"lower_bound": lower_bound}
+
   def forward(args):
-    return fn(args, impl=impl, chunk_size=chunk_size)[0]
+    return fn(args, impl=impl, chunk_size=chunk_size, **options)[0]
 
   fwd, compile_fwd_s = compile_timed(forward, args)
-  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size), has_aux=True), args,
-                                       readout, None)
+  step, compile_step_s = compile_timed(jax.value_and_grad(make_loss(fn, impl, chunk_size, **options), has_aux=True),
+                                       args, readout, None)
   return fwd, step, {"compile_fwd_s": compile_fwd_s, "compile_fwd_bwd_s": compile_step_s}
 
 
 def compile_all(fn, args, readout, programs, threads):
-  """{(impl, chunk_size): `compile_impl`'s result, or the exception it raised} for every program, `threads` of
-  them compiling at once (XLA compiles outside Python's lock)."""
+  """{(impl, chunk_size, lower_bound): `compile_impl`'s result, or the exception it raised} for every program,
+  `threads` of them compiling at once (XLA compiles outside Python's lock)."""
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     futures = {program: pool.submit(compile_impl, fn, args, readout, *program) for program in programs}
   compiled = {}
@@ -116,11 +140,13 @@ def compile_all(fn, args, readout, programs, threads):
   return compiled
 
 
-def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False, compiled=None):
+def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False, compiled=None, lower_bound=None):
   """Returns (timings {compile_fwd_s, compile_fwd_bwd_s, fwd_ms, fwd_bwd_ms, fwd_host_ms, fwd_bwd_host_ms (back to
   back), and with breakdown kernels_fwd and kernels_fwd_bwd: `timing.kernel_summary` of one more run of each}, o of
-  the first set). compiled: `compile_impl`'s result for these shapes (None: compiled here)."""
-  fwd, step, compile_s = compile_impl(fn, arg_sets[0], readout, impl, chunk_size) if compiled is None else compiled
+  the first set). compiled: `compile_impl`'s result for these shapes (None: compiled here, with lower_bound)."""
+  if compiled is None:
+    compiled = compile_impl(fn, arg_sets[0], readout, impl, chunk_size, lower_bound)
+  fwd, step, compile_s = compiled
   timings = {**compile_s,
              "fwd_ms": median_ms(fwd, [(args,) for args in arg_sets], reps),
              "fwd_bwd_ms": median_ms(step, [(args, readout, None) for args in arg_sets], reps),
@@ -133,20 +159,25 @@ def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown=False, co
 
 
 def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=(None,), reps=20, seed=0, peer=True,
-              peer_modes=("plain",), compile_threads=1, breakdown=False, log=print, on_progress=None):
+              peer_modes=("plain",), bounded=False, compile_threads=1, breakdown=False, log=print, on_progress=None):
   """Times every (mixer, impl, chunk size, shape), shape by shape, and the fla peer in each of `peer_modes` where
   `peer` and it loads; with breakdown, also each run's kernels (`time_impl`).
 
   chunk_size: the chunk sizes to time, None for each impl's rule. Where a peer mode bounds the log decay from below
-  (`fla_peer.lower_bound`), every input set's g is clipped there, for ours and the peer's alike.
+  (`fla_peer.lower_bound`), every input set's g is clipped there, for ours and the peer's alike. bounded: each
+  program of an impl that uses the op's lower_bound is timed again with it, the bound of the peer's modes (of its
+  safe_gate mode where none of them has one; g clipped there too), for the mixers whose decay is per channel.
   Returns (records, peer_notes {peer: description or why skipped}). Our records carry `chunk_size` (the size the
-  impl ran at) and `vs_peer_fwd` / `vs_peer_fwd_bwd` (and the host clock's) = the fastest peer mode's ms / our ms
+  impl ran at), `lower_bound` (None, or the bound the op was given) and `vs_peer_fwd` / `vs_peer_fwd_bwd` (and the
+  host clock's) = the fastest peer mode's ms / our ms
   (above 1: faster than the peer), `vs_peer_<part>_mode` naming that mode. on_progress(records, peer_notes), if
   given, is called after every mixer at every shape, so that a sweep cut off by a time limit still leaves what it
   measured.
   """
   records, peer_notes, peer_ops = [], {}, {}
   bound = fla_peer.lower_bound(peer_modes) if peer else None
+  if bounded and bound is None:
+    bound = fla_peer.lower_bound(("safe_gate",))
   for B, T in shapes:
     for mixer in mixers:
       for mode in peer_modes if peer else ():
@@ -154,7 +185,10 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=(None,), reps
         if name not in peer_notes:
           peer_ops[name], peer_notes[name] = fla_peer.load_peer(mixer, mode)
           log(f"peer {name}: {peer_notes[name]}")
-      programs = [(impl, C) for impl in impls for C in (chunk_size if impl != "scan" else (None,))]
+      # A decay per head has no bound to take (its grams are plain dots already): bounded times per-channel ones.
+      bounds = (None, bound) if bounded and ops.MIXERS[mixer].decay == "key" else (None,)
+      programs = [(impl, C, lower_bound) for impl in impls for C in (chunk_size if impl != "scan" else (None,))
+                  for lower_bound in (bounds if _uses_lower_bound(impl) else (None,))]
       ours, o_ref = [], None
       try:
         built = [make_op_inputs(mixer, B, T, H, K, V, dtype, seed + 10 * i, initial_state=False)
@@ -164,24 +198,26 @@ def run_sweep(mixers, impls, shapes, *, H, K, V, dtype, chunk_size=(None,), reps
           arg_sets = [{**args, "g": jax.numpy.maximum(args["g"], bound)} for args in arg_sets]
         readout, _ = make_readouts(B, T, H, K, V, dtype, seed, state=False)
       except Exception as error:
-        records += [_record(mixer, impl, B, T, error=error_text(error), chunk_size=C) for impl, C in programs]
+        records += [_record(mixer, impl, B, T, error=error_text(error), chunk_size=C, lower_bound=lower_bound)
+                    for impl, C, lower_bound in programs]
         continue
       compiled = {}
       if compile_threads > 1:
         log(f"{mixer} {B}x{T}: compiling {len(programs)} programs, {compile_threads} at once...")
         compiled = compile_all(fn, arg_sets[0], readout, programs, compile_threads)
-      for impl, C in programs:
-        label = f"{mixer} {impl}{'' if C is None else f' C={C}'} {B}x{T}"
+      for program in programs:
+        impl, C, lower_bound = program
+        label = f"{mixer} {impl}{'' if C is None else f' C={C}'}{_bounded_suffix(lower_bound)} {B}x{T}"
         log(f"{label}: {'timing' if compiled else 'compiling and timing'}...")
         chunk = _chunk_of(impl, C, T)
         try:
-          if isinstance(compiled.get((impl, C)), Exception):
-            raise compiled[(impl, C)]
-          timings, o = time_impl(fn, arg_sets, readout, impl, C, reps, breakdown, compiled.get((impl, C)))
-          ours.append(_record(mixer, impl, B, T, timings, chunk_size=chunk))
+          if isinstance(compiled.get(program), Exception):
+            raise compiled[program]
+          timings, o = time_impl(fn, arg_sets, readout, impl, C, reps, breakdown, compiled.get(program), lower_bound)
+          ours.append(_record(mixer, impl, B, T, timings, chunk_size=chunk, lower_bound=lower_bound))
           o_ref = o if o_ref is None else o_ref
         except Exception as error:
-          ours.append(_record(mixer, impl, B, T, error=error_text(error), chunk_size=chunk))
+          ours.append(_record(mixer, impl, B, T, error=error_text(error), chunk_size=chunk, lower_bound=lower_bound))
           log(f"  failed: {ours[-1]['error']}")
       del compiled
       records += ours
@@ -233,7 +269,7 @@ def _note(r):
 
 # One row per (mixer, impl, chunk size, shape).
 COLUMNS = (
-    Column("mixer", "mixer"), Column("impl", "impl"), Column("C", "chunk_size", "d"),
+    Column("mixer", "mixer"), Column("impl", name_of), Column("C", "chunk_size", "d"),
     Column("B x T", lambda r: f"{r['B']}x{r['T']}"),
     Column("fwd ms", "fwd_ms", ".3f"), Column("fwd Mtok/s", "fwd_tokens_per_s", ".2f", 1e6),
     Column("fwd+bwd ms", "fwd_bwd_ms", ".3f"), Column("fwd+bwd Mtok/s", "fwd_bwd_tokens_per_s", ".2f", 1e6),
@@ -257,7 +293,7 @@ def summary_table(records):
   """One row per (mixer, B x T, clock): "fwd / fwd+bwd" ms of each of our (impl, chunk size) and each peer mode,
   which of ours is fastest for each part, and its time over the fastest peer mode's (below 1: ours faster);
   "" when the run timed one program of ours and at most one peer mode."""
-  column = lambda r: r["impl"] if r["impl"].startswith(PEER) else (r["impl"], r.get("chunk_size") or 0)
+  column = lambda r: r["impl"] if r["impl"].startswith(PEER) else (name_of(r), r.get("chunk_size") or 0)
   ours = sorted({column(r) for r in records if not r["impl"].startswith(PEER)})
   peers = sorted({column(r) for r in records if r["impl"].startswith(PEER)})
   if len(ours) < 2 and len(peers) < 2:
@@ -293,12 +329,12 @@ def plot_throughput(records, path):
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-  series = sorted({(r["mixer"], r["impl"], r.get("chunk_size") or 0) for r in records})
+  series = sorted({(r["mixer"], name_of(r), r.get("chunk_size") or 0) for r in records})
   seq_lens = sorted({r["T"] for r in records})
   for ax, part, title in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
     for mixer, impl, chunk in series:
       points = sorted((r["T"], r[f"{part}_tokens_per_s"]) for r in records
-                      if (r["mixer"], r["impl"], r.get("chunk_size") or 0) == (mixer, impl, chunk)
+                      if (r["mixer"], name_of(r), r.get("chunk_size") or 0) == (mixer, impl, chunk)
                       and r[f"{part}_tokens_per_s"])
       if points:
         ax.plot(*zip(*points), marker="o", linestyle="--" if impl.startswith(PEER) else "-",
@@ -351,7 +387,7 @@ def write_report(records, meta, out_dir, tag):
   summary = summary_table(records)
   if summary:
     body += f"\n\n{SUMMARY_TITLE}\n\n{summary}"
-  body += kernel_section(records, lambda r: f"{r['mixer']} {r['impl']} {r['B']}x{r['T']}", KERNEL_PARTS)
+  body += kernel_section(records, lambda r: f"{r['mixer']} {name_of(r)} {r['B']}x{r['T']}", KERNEL_PARTS)
   paths = write_tables(records, meta, out_dir, tag, "Op throughput", notes, body)
   plot_throughput(records, paths["png"])
   return paths
@@ -366,7 +402,8 @@ def bench(settings, out_dir, tag, log=print):
   records, peer_notes = run_sweep(
       s.mixers, s.impls, parse_shapes(",".join(s.shapes)), H=s.heads, K=s.head_dim, V=s.value_dim or s.head_dim,
       dtype=s.dtype, chunk_size=chunk_sizes(s.chunk_size), reps=s.reps, seed=s.seed, peer=s.peer,
-      peer_modes=s.peer_modes, compile_threads=s.compile_threads, breakdown=s.breakdown, log=log, on_progress=report)
+      peer_modes=s.peer_modes, bounded=s.bounded, compile_threads=s.compile_threads, breakdown=s.breakdown, log=log,
+      on_progress=report)
   paths = report(records, peer_notes)
   log("\nwrote " + ", ".join(paths.values()))
   log(f"\n{meta['device']}, {s.dtype}, H={s.heads} K={s.head_dim}; vs fla = fla's fastest mode's ms / our ms\n"

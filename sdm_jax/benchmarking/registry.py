@@ -50,7 +50,7 @@ def _ops_env(settings):
 MODES = {entry.name: entry for entry in (
     Mode("ops", "the dense mixers' ops, forward and forward+backward, over shapes; fla's Triton kernels beside them",
          OpsSettings, {"shapes": ("1x256",), "heads": 2, "head_dim": 32, "reps": 3}, "sdm_jax.benchmarking.op_bench",
-         key=("mixer", "impl", "chunk_size", "B", "T"),
+         key=("mixer", "impl", "chunk_size", "lower_bound", "B", "T"),
          compared=("fwd_ms", "fwd_bwd_ms", "fwd_host_ms", "fwd_bwd_host_ms"),
          base_settings={"peer": False}, env=_ops_env),
     Mode("train", "whole-model training steps (ms/step, tokens/s, peak memory, MFU), one process per entry; fla's "

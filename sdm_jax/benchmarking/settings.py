@@ -36,6 +36,8 @@ class OpsSettings:
   peer: bool = _setting(True, "also time fla's Triton chunk_kda / chunk_gdn2 where torch, a GPU and fla are here")
   peer_modes: tuple[str, ...] = _setting(("plain",), "fla's modes, each timed: plain, safe_gate (lower_bound -5; "
                                          "every input's g, ours too, clipped there)")
+  bounded: bool = _setting(False, "also time ours given that bound (lower_bound; g clipped there) where the impl uses "
+                           "it (pallas)")
   compile_threads: int = _setting(1, "programs of one mixer and shape compiled at once before they are timed")
   breakdown: bool = _setting(False, "also list each run's kernels by device time (CUPTI, one warm run; GPU only)")
 

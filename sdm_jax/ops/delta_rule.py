@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
+from pallas_kernels.chunk_math import check_lower_bound
 from pallas_kernels.mixer_inputs import FORMED, form
 from sdm_jax.ops.chunk import CHUNK_SIZE, delta_rule_chunk
 from sdm_jax.ops.implementations import pick
@@ -56,6 +57,8 @@ class XlaImplementation:
   config: ChunkConfig = ChunkConfig()
   # Whether the kernels form u, e, z and mask padding themselves (`Pallas`).
   in_kernels: ClassVar[bool] = False
+  # Whether the op's lower_bound changes how it computes (`Pallas`); the others take it and ignore it.
+  uses_lower_bound: ClassVar[bool] = False
 
   def chunk_size(self, chunk_size, T):
     """The chunk size T tokens run at: chunk_size (None: the config's), clamped to T's padded length."""
@@ -91,11 +94,13 @@ class Chunk(XlaImplementation):
 class Pallas:
   """impl="pallas": the kernels (`pallas.delta_rule_pallas`; interpret mode off a GPU). run(form, q, k, v, gates, g,
   scale, state, chunk_size, io_dtype, starts, keep, real) hands the kernels the mixer's inputs and `form` (a
-  mixer_inputs.Form; `FORMED` for formed ones), g [B, T, H] as it is, and the padding masks (`segments.kernel_masks`),
-  and returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
+  mixer_inputs.Form; `FORMED` for formed ones), g [B, T, H] as it is, the padding masks (`segments.kernel_masks`) and
+  the caller's lower_bound on g (`PallasOpSettings`), and returns (o [B, T, H, V] in io_dtype, final state
+  [B, H, K, V] fp32)."""
   name: str = "pallas"
   config: PallasOpSettings = PallasOpSettings.defaults()
   in_kernels: ClassVar[bool] = True
+  uses_lower_bound: ClassVar[bool] = True
 
   def supported(self, backend):
     return backend == "gpu"
@@ -104,8 +109,10 @@ class Pallas:
     """chunk_size, or the config's when None; never clamped (the kernels take 16, 32, 64 whatever T)."""
     return self.config.chunk_size if chunk_size is None else chunk_size
 
-  def run(self, form, q, k, v, gates, g, scale, state, chunk_size, io_dtype, starts, keep, real=None):
-    return delta_rule_pallas(form, q, k, v, gates, g, scale, state, chunk_size, io_dtype, starts, keep, real)
+  def run(self, form, q, k, v, gates, g, scale, state, chunk_size, io_dtype, starts, keep, real=None,
+          lower_bound=None):
+    return delta_rule_pallas(form, q, k, v, gates, g, scale, state, chunk_size, io_dtype, starts, keep, real,
+                             lower_bound)
 
 
 # The dense rule's implementations in impl="auto"'s order: the kernels on a GPU, the chunked form elsewhere.
@@ -120,9 +127,11 @@ def chunk_size_of(impl, chunk_size, T):
   return pick(impl, IMPLEMENTATIONS).chunk_size(chunk_size, T)
 
 
-def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dtypes):
+def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dtypes, lower_bound=None):
   """The checks of both entry points, in order: impl (`IMPLEMENTATIONS`; "auto" picked here, once), chunk_size,
-  scale, then arrays ((name, x, dimension names)) and initial_state against one binding of B, T, H, K, V.
+  scale, then arrays ((name, x, dimension names)) and initial_state against one binding of B, T, H, K, V, then
+  lower_bound (`chunk_math.check_lower_bound`): with per-channel g only, and at the chunk size impl="pallas" runs
+  whatever impl runs, so that a call one impl takes every impl takes (the others ignore the bound).
 
   Returns (empty, None) when a dimension is 0, empty the result `validation.empty_outputs` in empty_dtypes() (o
   dtype, state dtype; called once the shapes are checked); else (None, (implementation, the chunk size it runs,
@@ -135,6 +144,8 @@ def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dt
     check_shape(name, x, names, dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
+  per_head = next(names for name, _, names in arrays if name == "g") == HEAD
+  check_lower_bound(lower_bound, IMPLEMENTATIONS["pallas"].chunk_size(chunk_size, dims["T"]), per_head)
   if (empty := empty_outputs(dims, *empty_dtypes(), initial_state)) is not None:
     return empty, None
   if segment_ids is not None:
@@ -143,7 +154,7 @@ def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dt
 
 
 def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, impl="auto", chunk_size=None,
-                           io_dtype=None, segment_ids=None):
+                           io_dtype=None, segment_ids=None, lower_bound=None):
   """Runs the generalized rule on already-formed keys and values.
 
   q, u, e: [B, T, H, K]; z: [B, T, H, V]; g: [B, T, H, K] or [B, T, H] (scalar decay per head);
@@ -155,12 +166,16 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   segment_ids: None or int [B, T], documents packed into rows (DESIGN.md section 9): each starts from the zero
   state but the first of a row (initial_state), padding (id 0) is inert with output 0, the final state is the
   last document's.
+  lower_bound: None, or the caller's promise that every g >= lower_bound (fla's safe gate; DESIGN.md section 2),
+  a number in [-160 / C, 0) for the chunk size C impl="pallas" runs (-5 at 32), per-channel g only. impl="pallas"
+  then forms each decayed Gram matrix with one dot; a g below the bound may give inf or NaN there. The scan and
+  impl="chunk" compute the same with or without it and ignore it.
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """
   arrays = (("q", q, KEY), ("u", u, KEY), ("e", e, KEY), ("z", z, VALUE), ("g", g, HEAD if g.ndim == 3 else KEY))
   accumulation = lambda: jnp.result_type(jnp.float32, q.dtype, u.dtype, e.dtype, z.dtype, g.dtype)
   empty, checked = _check(impl, chunk_size, scale, arrays, initial_state, segment_ids,
-                          lambda: (accumulation(), accumulation()))
+                          lambda: (accumulation(), accumulation()), lower_bound)
   if empty is not None:
     return empty
   implementation, chunk_size, segment_ids = checked
@@ -175,14 +190,15 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   io_dtype = z.dtype if io_dtype is None else io_dtype
   g, scale, state = _rule_options(q, z, g, scale, initial_state, acc, per_head=implementation.in_kernels)
   if implementation.in_kernels:
-    o, final_state = implementation.run(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, starts, keep)
+    o, final_state = implementation.run(FORMED, q, u, z, (e,), g, scale, state, chunk_size, io_dtype, starts, keep,
+                                        lower_bound=lower_bound)
     return o.astype(acc), final_state.astype(acc)
   q, u, e, z = (x.astype(acc) for x in (q, u, e, z))
   return implementation.run(q, u, e, z, g, scale, state, chunk_size, starts)
 
 
 def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state, use_qk_l2norm, impl,
-              chunk_size, segment_ids=None, writes_vanish_with_k=False):
+              chunk_size, segment_ids=None, lower_bound=None, writes_vanish_with_k=False):
   """Checks a mixer's inputs, forms (u, e, z) = build(k, v, *gates other than g) and runs the rule.
 
   gates: ordered {name: (array, kind in GATE_KINDS)}, the log decay g first. impl="pallas" hands build to its
@@ -194,13 +210,14 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
   zeroes only q and k, and g, in its kernels when writes_vanish_with_k (the build's u and e are zero wherever k is:
   `registry.Mixer`), which spares passes over the inputs (`segments.kernel_masks`; for gradients q and k are
   zeroed by XLA before the launch that forms the kernels' inputs).
+  lower_bound: None, or the caller's promise g >= lower_bound (`generalized_delta_rule`).
   Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] or None).
   """
   g, *arrays = [x for x, _ in gates.values()]
   named = (("q", q, KEY), ("k", k, KEY), ("v", v, VALUE),
            *((name, x, GATE_KINDS[kind]) for name, (x, kind) in gates.items()))
   empty, checked = _check(impl, chunk_size, scale, named, initial_state, segment_ids,
-                          lambda: (v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays)))
+                          lambda: (v.dtype, accumulation_dtype(v.dtype, q, k, g, *arrays)), lower_bound)
   if empty is not None:
     return empty[0], empty[1] if output_final_state else None
   implementation, chunk_size, segment_ids = checked
@@ -215,7 +232,7 @@ def run_mixer(build, q, k, v, gates, *, scale, initial_state, output_final_state
     acc = accumulation_dtype(v.dtype, q, k, v, g, *arrays)
     g, scale, state = _rule_options(q, v, g, scale, initial_state, acc, per_head=True)
     o, final_state = implementation.run(form(build, kinds, use_qk_l2norm), q, k, v, arrays, g, scale, state,
-                                        chunk_size, v.dtype, starts, keep, real)
+                                        chunk_size, v.dtype, starts, keep, real, lower_bound)
     return o.astype(v.dtype), final_state.astype(acc) if output_final_state else None
   acc = accumulation_dtype(v.dtype, q, k, g, *arrays)
   q, u, e, z = reference_inputs(build, use_qk_l2norm, acc, q, k, v, *arrays)

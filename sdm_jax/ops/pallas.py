@@ -76,11 +76,13 @@ def interpret():
 
 class Static(NamedTuple):
   """The options of the op that the custom_vjp does not differentiate, one hashable argument: form (the
-  `mixer_inputs.Form` of the arrays after q), io_dtype, scale and chunk_size."""
+  `mixer_inputs.Form` of the arrays after q), io_dtype, scale, chunk_size and lower_bound (None, or the caller's
+  promise g >= lower_bound, with which the kernels form each decayed gram in one dot: `chunk_math.levels`)."""
   form: Any
   io_dtype: Any
   scale: float
   chunk_size: int
+  lower_bound: Optional[float] = None
 
 
 class Masks(NamedTuple):
@@ -118,7 +120,7 @@ def _forward(static, q, arrays, g, state, masks, save):
   """The rule on q and the arrays static.form builds u, e, z from; with save, also the backward's `Residuals` but
   op_inputs and masks (then the arrays must be the formed (u, z, e)). g: [B, T, H, K], or [B, T, H] with one decay
   per head, which every kernel then reads as such. masks: `Masks`."""
-  form, io_dtype, scale, chunk_size = static
+  form, io_dtype, scale, chunk_size, lower_bound = static
   B, T, H, K = q.shape
   V = arrays[1].shape[-1]
   Tp, Kp, Vp = _padding(T, K, V, chunk_size)
@@ -128,7 +130,7 @@ def _forward(static, q, arrays, g, state, masks, save):
   kw = dict(chunk_size=chunk_size, interpret=interpret())
   G = chunk_cumsum(g, keep=masks.keep, **kw)
   chunks = intra_chunk(q, arrays, G, form=form, io_dtype=io_dtype, save_inverse=save, scale=scale,
-                       documents=masks.documents, real=masks.real, **kw)
+                       lower_bound=lower_bound, documents=masks.documents, real=masks.real, **kw)
   state = _pad_state(state, Kp, Vp)
   o, final_state = state_pass(chunks, state, **kw)
   out = (o[:, :T, :, :V], final_state[:, :, :K, :V])
@@ -174,7 +176,7 @@ def _reference(form, io_dtype, q, k, v, gates):
 
 
 def _bwd(static, residuals, cotangents):
-  form, io_dtype, scale, chunk_size = static
+  form, io_dtype, scale, chunk_size, lower_bound = static
   res = residuals
   T, K, V = res.T, res.K, res.V
   d_o, d_final = cotangents
@@ -186,7 +188,7 @@ def _bwd(static, residuals, cotangents):
   d_o = _pad(d_o.astype(res.z.dtype), Tp, Vp)
   d_r, d_state, d_states = state_pass_bwd(res.chunks, d_o, _pad_state(d_final.astype(jnp.float32), Kp, Vp), **kw)
   dq, du, de, dz, dg = intra_chunk_bwd(res.q, res.u, res.e, res.z, res.G, R, res.chunks.A, states, d_states, d_o,
-                                       d_r, scale=scale, documents=res.masks.documents, **kw)
+                                       d_r, scale=scale, lower_bound=lower_bound, documents=res.masks.documents, **kw)
   key = lambda x: x[:, :T, :, :K]
   # Through the forming of q, u, e, z: autodiff of the XLA reference.
   _, vjp = jax.vjp(lambda q, k, v, gates: _reference(form, io_dtype, *_masked_qk(res.masks.real, q, k), v, gates),
@@ -204,7 +206,7 @@ _delta_rule_pallas.defvjp(_fwd, _bwd)
 
 
 def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size, io_dtype, starts=None, keep=None,
-                      real=None):
+                      real=None, lower_bound=None):
   """The rule on q and what `form` builds u, e, z from: k [B, T, H, K], v [B, T, H, V] and the gates other than
   g (`FORMED`: u, z, e). Without gradients the forward kernels form u, e, z themselves; for gradients one launch
   writes q, u, e, z in `io_dtype`, the kernels read them, and the backward kernels read them again.
@@ -215,7 +217,9 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   counts (`segments.kernel_masks`): the cumsum kernel zeroes g elsewhere and the backward dg, instead of a pass over g
   before the kernels. real: None or [B, T] bool (with starts), false on padding: there q and k are zeroed (by the
   forward kernels without gradients, by XLA before the forming launch for them), for mixers whose u and e vanish with
-  k (`Mixer.writes_vanish_with_k`).
+  k (`Mixer.writes_vanish_with_k`). lower_bound: None, or the caller's promise g >= lower_bound (per-channel g only;
+  the kernels check it at chunk_size: `chunk_math.check_lower_bound`), with which they form each decayed gram in one
+  dot.
   Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "
@@ -227,5 +231,5 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   if real is not None and starts is None:
     raise ValueError("real: only with starts (packed documents)")
   real = None if real is None else pad(real).astype(jnp.int32)
-  return _delta_rule_pallas(Static(form, jnp.dtype(io_dtype), scale, chunk_size), q, k, v, tuple(gates),
+  return _delta_rule_pallas(Static(form, jnp.dtype(io_dtype), scale, chunk_size, lower_bound), q, k, v, tuple(gates),
                             g.astype(jnp.float32), initial_state.astype(jnp.float32), Masks(documents, keep, real))

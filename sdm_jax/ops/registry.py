@@ -16,7 +16,7 @@ from sdm_jax.ops.validation import check_array
 
 # The keyword options of every op, with their defaults (DESIGN.md section 5).
 OPTIONS = {"scale": None, "initial_state": None, "output_final_state": False, "use_qk_l2norm": False,
-           "impl": "auto", "chunk_size": None, "segment_ids": None}
+           "impl": "auto", "chunk_size": None, "segment_ids": None, "lower_bound": None}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,15 +88,15 @@ def cotangents(o_shape, state_shape, seed, dtype=jnp.float32):
           jnp.asarray(rng.standard_normal(state_shape), dtype))
 
 
-def _apply(op, args, *, impl, chunk_size):
-  return op(**args, impl=impl, chunk_size=chunk_size, use_qk_l2norm=True, output_final_state=True)
+def _apply(op, args, *, impl, chunk_size, **options):
+  return op(**args, impl=impl, chunk_size=chunk_size, use_qk_l2norm=True, output_final_state=True, **options)
 
 
 def make_op_inputs(mixer, B, T, H, K, V, dtype, seed, *, initial_state=True):
   """Builds the inputs of one mixer, as the benchmarks and tools draw them.
 
   Returns (fn, args): args = {q, k, v, g, <gates>, [initial_state]} (g and initial_state in at
-  least fp32, the rest in `dtype`); fn(args, impl=..., chunk_size=...) -> (o [B, T, H, V],
+  least fp32, the rest in `dtype`); fn(args, impl=..., chunk_size=..., **other options of the op) -> (o [B, T, H, V],
   final state [B, H, K, V] fp32), with use_qk_l2norm=True.
   """
   if mixer not in ops.MIXERS:

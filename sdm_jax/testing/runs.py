@@ -52,15 +52,15 @@ def outputs_and_grads(mixer, inputs, r_o, r_s, *, jit=True, **options):
   return o, final_state, grads
 
 
-def make_loss(fn, impl, chunk_size):
+def make_loss(fn, impl, chunk_size, **options):
   """The benchmarks' loss of `inputs.make_op_inputs`'s fn: loss(args, r_o, r_s) = sum(o * r_o) + sum(S_T * r_s),
-  with (o, S_T) as auxiliary output.
+  with (o, S_T) as auxiliary output; options: the op's others (lower_bound).
 
   r_s may be None (the term is left out); S_T enters in its own dtype (fp32). Differentiate with
   jax.value_and_grad(..., has_aux=True).
   """
   def loss(args, r_o, r_s):
-    o, final_state = fn(args, impl=impl, chunk_size=chunk_size)
+    o, final_state = fn(args, impl=impl, chunk_size=chunk_size, **options)
     value = jnp.sum(o.astype(r_o.dtype) * r_o)
     if r_s is not None:
       value = value + jnp.sum(final_state * r_s)

@@ -75,6 +75,9 @@ def test_settings_apply_cpu_values_then_overrides_and_name_bad_ones():
     registry.check("ops", ["chunk_size=32,48"])
   with pytest.raises(ConfigError, match=r"ops setting peer_modes: expected some of \('plain', 'safe_gate'\)"):
     registry.check("ops", ["peer_modes=fast"])
+  assert registry.check("ops", ["impls=pallas", "bounded=true"]).bounded
+  with pytest.raises(ConfigError, match=r"ops setting bounded: .*expected one in impls, got \['chunk'\]"):
+    registry.check("ops", ["bounded=true"])
   with pytest.raises(ConfigError, match=r"ops setting compile_threads: expected an integer >= 1, got 0"):
     registry.check("ops", ["compile_threads=0"])
   with pytest.raises(ConfigError, match="sdm setting num_slots: expected a perfect square"):

@@ -11,6 +11,7 @@ import pytest
 from sdm_jax.benchmarking import fla_peer, op_bench
 from sdm_jax.benchmarking.op_bench import merge_reports, parse_shapes, run_sweep, summary_table, write_report
 from sdm_jax.benchmarking.op_compare import compare_impls, error_row, format_report
+from sdm_jax.benchmarking.settings import OpsSettings
 from sdm_jax.benchmarking import timing
 from sdm_jax.benchmarking.timing import run_metadata
 from sdm_jax.ops import MIXERS
@@ -133,6 +134,40 @@ def test_a_bounded_peer_mode_clips_every_input_sets_decay(monkeypatch, peer, mod
   run_sweep(["kda"], ["chunk"], [(1, 16)], H=1, K=8, V=8, dtype="float32", reps=1, peer=peer, peer_modes=modes,
             log=quiet)
   assert len(seen) == 3 and (all(g == floor for g in seen) if floor else all(g < -6.0 for g in seen))
+
+
+def test_bounded_times_the_impls_that_use_the_bound_again_with_it(monkeypatch):
+  """bounded=true: each pallas program of a per-channel decay twice, without and with the peer's bound (fla's
+  safe_gate -5 here, where no peer runs), every input set's g clipped there; the chunk impl, which ignores the bound,
+  once. The tables name the bounded runs apart."""
+  steep = lambda *a, **kw: (lambda fn, args: (fn, {**args, "g": 20.0 * args["g"] - 6.0}))(*make_op_inputs(*a, **kw))
+  timed = []
+
+  def time_impl(fn, arg_sets, readout, impl, chunk_size, reps, breakdown, compiled, lower_bound):
+    timed.append((impl, chunk_size, lower_bound, min(float(jnp.min(args["g"])) for args in arg_sets)))
+    return {"fwd_ms": 1.0, "fwd_bwd_ms": 2.0 if lower_bound is None else 1.5}, np.zeros((1,), np.float32)
+
+  monkeypatch.setattr(op_bench, "make_op_inputs", steep)
+  monkeypatch.setattr(op_bench, "time_impl", time_impl)
+  records, _ = run_sweep(["kda", "gdn"], ["chunk", "pallas"], [(1, 16)], H=1, K=8, V=8, dtype="float32",
+                         chunk_size=(16,), reps=1, peer=False, bounded=True, log=quiet)
+  assert timed == [("chunk", 16, None, -5.0), ("pallas", 16, None, -5.0), ("pallas", 16, -5.0, -5.0),
+                   ("chunk", 16, None, -5.0), ("pallas", 16, None, -5.0)]  # GDN's one decay per head takes no bound
+  assert [(r["mixer"], r["impl"], r["lower_bound"]) for r in records] == [
+      ("kda", "chunk", None), ("kda", "pallas", None), ("kda", "pallas", -5.0), ("gdn", "chunk", None),
+      ("gdn", "pallas", None)]
+  assert "| kda | pallas lower_bound=-5 | 16 | 1x16 |" in op_bench.format_table(records)
+  assert "pallas lower_bound=-5 C16" in summary_table(records).splitlines()[0]
+
+
+def test_the_op_gets_the_bound_and_bounded_needs_an_impl_that_uses_it():
+  fn, args = make_op_inputs("kda", 1, 16, 1, 8, 8, "float32", 0, initial_state=False)
+  readout = jnp.zeros((1, 16, 1, 8), jnp.float32)
+  with pytest.raises(ValueError, match=r"^lower_bound: expected None or a number in \[-5, 0\) at chunk size 32"):
+    op_bench.compile_impl(fn, args, readout, "chunk", None, lower_bound=-6.0)
+  with pytest.raises(ValueError, match=r"^bounded: .*got \['chunk'\]"):
+    op_bench.check_settings(OpsSettings(impls=("chunk",), bounded=True))
+  op_bench.check_settings(OpsSettings(impls=("chunk", "pallas"), bounded=True))
 
 
 def test_merge_reports_joins_runs_and_refuses_other_devices(tmp_path):

@@ -51,7 +51,7 @@ def test_the_public_ops_are_the_registry_entries():
   assert [MIXERS[name].op for name in ("gdn", "kda", "fg2_gdn", "fg2_gdn_plus", "gdn2")] == [
       ops.gated_delta_rule, ops.kda, ops.fg2_gdn, ops.fg2_gdn_plus, ops.gdn2]
   options = ("*, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm=False, impl='auto', "
-             "chunk_size=None, segment_ids=None")
+             "chunk_size=None, segment_ids=None, lower_bound=None")
   assert str(inspect.signature(ops.gdn2)) == f"(q, k, v, g, b, w, {options})"  # DESIGN.md section 5
   assert ops.gdn2.__name__ == "gdn2" and ops.gdn2.__doc__.startswith("Gated DeltaNet-2: S_t =")
 

@@ -3,8 +3,10 @@
 The triangular inverse: the near-fp32 Newton step must undo the error of the one-pass level merges.
 On the GPU those merges run in TF32 (~1e-4 relative error, measured); the CPU has no TF32, so the
 test makes them coarser still, with bf16 operands (~4e-3), and checks that the result is back at
-fp32 accuracy. The decayed Gram matrices: elementwise sub-blocks plus the tree's levels, forward
-and backward, against a float64 brute force."""
+fp32 accuracy. The decayed Gram matrices: elementwise sub-blocks plus the tree's levels, and the one dot of a
+bounded decay, forward and backward, against a float64 brute force."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -54,21 +56,66 @@ def test_decayed_grams_elementwise_blocks_and_tree_match_brute_force(C, sub, dec
   """Pairs inside sub-row blocks (elementwise) and across them (the tree's dots) together give every
   pair c < r once, forward and backward, also with g down to -30 per step (no inf, no NaN)."""
   r = np.random.default_rng(C + sub)
-  K = 16
+  _check_grams(r, C, sub, np.cumsum(-decay * r.uniform(size=(C, 16)), axis=0), bounded=False)
+
+
+@pytest.mark.parametrize("C", [16, 32, 64])
+@pytest.mark.parametrize("at_bound", [True, False])
+def test_bounded_grams_match_brute_force_at_the_lowest_bound(C, at_bound):
+  """With g >= the lowest bound the chunk takes, one dot per gram through the chunk's middle row gives every pair
+  c < r, forward and backward: g equal to the bound everywhere (the factors at e^+-80), and g mixed between the
+  bound and 0 (exactly 0 on some steps)."""
+  r = np.random.default_rng(C + at_bound)
+  bound = cm.lowest_bound(C)
+  g = np.full((C, 16), bound) if at_bound else bound * r.uniform(size=(C, 16)) * (r.uniform(size=(C, 16)) < 0.8)
+  assert cm.BOUNDED_EXPONENT == 80.0 and abs(bound) * C / 2 == cm.BOUNDED_EXPONENT
+  _check_grams(r, C, 4, np.cumsum(g, axis=0), bounded=True)
+
+
+def test_bounded_grams_are_one_dot_each():
+  """The bounded grams take no elementwise sub-blocks (no loop) and one dot per x, its backward two per x."""
+  C, K = 32, 16
+  x, y, G = (jnp.zeros((C, K), jnp.float32) for _ in range(3))
+  dm = jnp.zeros((C, C), jnp.float32)
+  rows = (lambda at: y[at], lambda at: G[at])
+  forward = jax.make_jaxpr(lambda x: cm.decayed_grams([x, x], y, G, jax.lax.Precision.HIGHEST, rows, 4,
+                                                      bounded=True))(x)
+  backward = jax.make_jaxpr(lambda x: cm.decayed_grams_bwd([(x, dm), (x, dm)], y, G, jax.lax.Precision.HIGHEST,
+                                                           rows, 4, bounded=True))(x)
+  for jaxpr, dots in ((forward, 2), (backward, 4)):
+    names = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+    assert names.count("dot_general") == dots and "while" not in names, names
+
+
+@pytest.mark.parametrize("C", [16, 32, 64])
+def test_lower_bound_is_checked_against_the_chunk_size(C):
+  lowest = cm.lowest_bound(C)
+  assert lowest == {16: -10.0, 32: -5.0, 64: -2.5}[C]
+  for good in (None, lowest, -1e-3, -1):
+    cm.check_lower_bound(good, C)
+  for bad in (0.0, 0.5, lowest * 1.01, -float("inf"), float("nan"), True, "-5"):
+    with pytest.raises(ValueError, match=rf"^lower_bound: expected None or a number in \[{lowest:g}, 0\) at chunk "
+                                         rf"size {C} .* got {re.escape(repr(bad))}$"):
+      cm.check_lower_bound(bad, C)
+
+
+def _check_grams(r, C, sub, G, bounded):
+  """decayed_grams and decayed_grams_bwd at the cumsum G [C, K] against a float64 brute force."""
+  K = G.shape[1]
   x1, x2, y = (r.normal(size=(C, K)) for _ in range(3))
-  G = np.cumsum(-decay * r.uniform(size=(C, K)), axis=0)
   dm1, dm2 = (np.tril(r.normal(size=(C, C)), -1) for _ in range(2))
   # The reference starts from the same fp32 values (G rounded to fp32 moves exponents near -1000 by 3e-5).
   x1, x2, y, G, dm1, dm2 = (np.float64(np.float32(a)) for a in (x1, x2, y, G, dm1, dm2))
   f32 = lambda a: jnp.asarray(a, jnp.float32)
   rows = lambda c, d: (lambda at: c[at], lambda at: d[at])  # gathered rows (loads inside a kernel)
-  grams = lambda a, b, c, d: cm.decayed_grams([a, b], c, d, jax.lax.Precision.HIGHEST, rows(c, d), sub=sub)
+  grams = lambda a, b, c, d: cm.decayed_grams([a, b], c, d, jax.lax.Precision.HIGHEST, rows(c, d), sub=sub,
+                                             bounded=bounded)
   M1, M2 = jax.jit(grams)(f32(x1), f32(x2), f32(y), f32(G))
   for M, x in ((M1, x1), (M2, x2)):
     np.testing.assert_allclose(np.asarray(M), _brute_gram(x, y, G), rtol=1e-5, atol=1e-5)
 
   bwd = jax.jit(lambda a, b, c, d, e, f: cm.decayed_grams_bwd([(a, e), (b, f)], c, d, jax.lax.Precision.HIGHEST,
-                                                              rows(c, d), sub=sub))
+                                                              rows(c, d), sub=sub, bounded=bounded))
   (dx1, dx2), dy, dG = bwd(f32(x1), f32(x2), f32(y), f32(G), f32(dm1), f32(dm2))
   # The brute-force cotangents, by hand in float64: dM[r,c] times each factor of the pair's term.
   expo = G[:, None, :] - G[None, :, :]

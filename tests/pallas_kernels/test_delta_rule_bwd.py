@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.chunk_math import lowest_bound
 from pallas_kernels.delta_rule_bwd import intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import (ChunkTensors, StatePassSettings, chunk_cumsum, intra_chunk,
                                            saved_state_dtype, state_pass)
@@ -22,7 +23,8 @@ from sdm_jax.testing.lowering import TRITON_CALL, equations, lower_for_h200
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size, decay):
-  """decay "head": G [B, T, H] and exp(G_C) [B, N, H], one decay per head (GDN)."""
+  """decay "head": G [B, T, H] and exp(G_C) [B, N, H], one decay per head (GDN); per channel also with a lower bound
+  on g (gram_solve's and pair_bwd's one dot per gram)."""
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   N = T // chunk_size
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
@@ -41,6 +43,11 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size, d
        (key, key, key, value, spec(B, T, H, *per, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
         states, states, value, spec(B, T, H, V, d=f32)), 2),
   ]
+  if decay == "channel":
+    bounded = dict(lower_bound=lowest_bound(chunk_size), **kw)
+    kernels += [
+        (lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **bounded), kernels[0][1], 2),
+        (lambda *a: intra_chunk_bwd(*a, scale=0.1, **bounded), kernels[3][1], 2)]
   for fn, args, launches in kernels:
     assert lower_for_h200(fn, *args).count(TRITON_CALL) == launches
 

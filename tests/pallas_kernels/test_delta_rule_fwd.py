@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.chunk_math import lowest_bound
 from pallas_kernels.delta_rule_fwd import ChunkTensors, chunk_cumsum, delta_rule_fwd, intra_chunk, state_pass
 from sdm_jax.ops import l2norm
 from sdm_jax.ops.scan import delta_rule_scan
@@ -28,14 +29,21 @@ def _inputs(seed, B, T, H, K, V, decay, gate):
 
 @pytest.mark.parametrize("decay,gate,chunk_size,seed", [
     (0.01, "rand", 64, 0), (1.0, "rand", 32, 1), (30.0, "rand", 64, 2), (1.0, "zero", 16, 3), (0.1, "one", 64, 4),
+    # With lower_bound, the lowest the chunk size takes, gram_solve forms each gram in one dot: g at the bound
+    # everywhere, or mixed between it and 0.
+    ("at bound", "rand", 16, 5), ("above bound", "rand", 32, 6), ("at bound", "rand", 32, 7),
 ])
 def test_forward_matches_scan(decay, gate, chunk_size, seed):
   B, H, K, V = 1, 2, 32, 16
   T = 2 * chunk_size
-  q, u, e, z, g, h0 = _inputs(seed, B, T, H, K, V, decay, gate)
+  bounded = isinstance(decay, str)
+  q, u, e, z, g, h0 = _inputs(seed, B, T, H, K, V, 1.0 if bounded else decay, gate)
+  lower_bound = lowest_bound(chunk_size) if bounded else None
+  if bounded:
+    g = lower_bound * (np.ones_like(g) if decay == "at bound" else np.random.default_rng(seed).uniform(size=g.shape))
   f32 = lambda x: jnp.asarray(x, jnp.float32)
   o, final_state = delta_rule_fwd(*map(f32, (q, u, e, z, g, h0)), scale=K**-0.5, chunk_size=chunk_size,
-                                  interpret=True)
+                                  lower_bound=lower_bound, interpret=True)
   with jax.enable_x64(True):
     o_ref, s_ref = delta_rule_scan(*map(lambda x: jnp.asarray(x, jnp.float64), (q, u, e, z, g)),
                                    K**-0.5, jnp.asarray(h0, jnp.float64))
@@ -49,12 +57,23 @@ def test_forward_matches_scan(decay, gate, chunk_size, seed):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_lowers_for_cuda(dtype, chunk_size):
+  """Also with lower_bound, whose gram_solve forms each gram in one dot."""
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   args = (spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, K, d=jnp.float32),
           spec(B, H, K, V, d=jnp.float32))
-  text = lower_for_h200(lambda *a: delta_rule_fwd(*a, scale=0.1, chunk_size=chunk_size), *args)
-  assert text.count(TRITON_CALL) == 4  # chunk_cumsum, gram_solve, solved, state_pass
+  for lower_bound in (None, lowest_bound(chunk_size)):
+    text = lower_for_h200(lambda *a: delta_rule_fwd(*a, scale=0.1, chunk_size=chunk_size, lower_bound=lower_bound),
+                          *args)
+    assert text.count(TRITON_CALL) == 4  # chunk_cumsum, gram_solve, solved, state_pass
+
+
+def test_lower_bound_is_refused_with_one_decay_per_head_and_beyond_the_chunks_limit():
+  q = jnp.zeros((1, 32, 1, 16), jnp.float32)
+  for G, bound, why in ((jnp.zeros((1, 32, 1), jnp.float32), -1.0, "one decay per head"),
+                        (jnp.zeros((1, 32, 1, 16), jnp.float32), -5.5, r"\[-5, 0\) at chunk size 32")):
+    with pytest.raises(ValueError, match=f"^lower_bound: expected None.*{why}"):
+      intra_chunk(q, (q, q, q), G, scale=1.0, chunk_size=32, lower_bound=bound, interpret=True)
 
 
 def test_chunk_cumsum_restarts_every_chunk():
