@@ -17,6 +17,12 @@ and inside a layer: q/k/v_proj, o_proj -> the same names (Linear weights transpo
 q/k/v_conv ([C, 1, W] -> [W, C]); a_proj (GDN) and f_proj -> decay/f_proj; A_log, dt_bias -> decay/A_log, dt_bias;
 b_proj -> beta_proj (GDN, KDA) or b_proj (GDN-2's erase gate); w_proj -> w_proj; g_proj -> out_gate_proj;
 o_norm.weight -> o_norm/scale; an nn.Sequential's index i -> layers/i.
+
+KDA's safe gate: fla's KDA layer and model take `safe_gate` and `lower_bound`. Its gate is the bounded one,
+lower_bound * sigmoid(exp(A_log) (f(x) + dt_bias)), whenever lower_bound is set (`fla/ops/kda/gate.py`); safe_gate
+only picks the kernels that assume it, which take lower_bound in [-5, 0). Both are our layer's lower_bound
+(`layers.delta.DeltaLayerConfig`), which runs impl="pallas" bounded; we write safe_gate=True wherever fla's kernels take
+the bound. fla's GDN and GDN-2 layers have no bounded gate.
 """
 
 import json
@@ -37,6 +43,7 @@ LAYER_KINDS = {"gdn": ("gdn", 2.0), "kda": ("kda", 1.0), "gdn2": ("gdn2", 1.0)}
 # fla's model classes: model_type -> (our mixer, architecture).
 MODEL_TYPES = {"gated_deltanet": ("gdn", "GatedDeltaNetForCausalLM"), "kda": ("kda", "KDAForCausalLM")}
 FLA_LAYER_NORM_EPS = 1e-5  # fla's layers' default norm_eps (its models pass their own)
+FLA_SAFE_GATE_LOWEST = -5.0  # fla's chunk_kda takes safe_gate=True with lower_bound in [-5, 0) only
 _TOP = {"q_conv1d": ("q_conv",), "k_conv1d": ("k_conv",), "v_conv1d": ("v_conv",), "a_proj": ("decay", "f_proj"),
         "f_proj": ("decay", "f_proj"), "A_log": ("decay", "A_log"), "dt_bias": ("decay", "dt_bias"),
         "g_proj": ("out_gate_proj",)}
@@ -149,23 +156,28 @@ def _read(path_or_tensors, where):
   return dict(path_or_tensors)
 
 
-def fla_layer(kind, tensors, *, hidden_size, num_heads, head_dim, norm_eps=FLA_LAYER_NORM_EPS, impl="auto",
-              dtype=jnp.float32):
+def fla_layer(kind, tensors, *, hidden_size, num_heads, head_dim, norm_eps=FLA_LAYER_NORM_EPS, lower_bound=None,
+              impl="auto", dtype=jnp.float32):
   """One fla layer as ours: kind "gdn", "kda" or "gdn2" (fla's `GatedDeltaNet`, `KimiDeltaAttention`,
   `GatedDeltaNet2` with its other arguments at their defaults), tensors its state dict ({name: array}, or a
-  .safetensors path). Returns the `DeltaMixer`: layer(x [B, T, hidden_size]) -> y [B, T, hidden_size]."""
+  .safetensors path); lower_bound: KDA's, for fla's `KimiDeltaAttention(safe_gate=True, lower_bound=...)`.
+  Returns the `DeltaMixer`: layer(x [B, T, hidden_size]) -> y [B, T, hidden_size]."""
   if kind not in LAYER_KINDS:
     raise ValueError(f"kind: expected one of {tuple(LAYER_KINDS)}, got {kind!r}")
+  if lower_bound is not None and kind != "kda":
+    raise ValueError(f"lower_bound: fla's {kind} layer has no bounded gate (only kda's), expected None, "
+                     f"got {lower_bound!r}")
   mixer, expand_v = LAYER_KINDS[kind]
   layer = DeltaMixer(hidden_size, mixer=mixer, num_heads=num_heads, head_dim=head_dim,
-                     value_dim=int(head_dim * expand_v), layer=layer_config(mixer, "fla", norm_eps=norm_eps),
-                     impl=impl, dtype=dtype, rngs=nnx.Rngs(0))
+                     value_dim=int(head_dim * expand_v),
+                     layer=layer_config(mixer, "fla", norm_eps=norm_eps, lower_bound=lower_bound), impl=impl,
+                     dtype=dtype, rngs=nnx.Rngs(0))
   return _fill(layer, _read(tensors, f"fla {kind} layer"), lambda name: _layer_path(mixer, name), f"fla {kind} layer")
 
 
 # fla config fields that change the forward pass and the only values we build (else a one-line error).
-_FIXED = {"use_short_conv": True, "allow_neg_eigval": False, "safe_gate": False, "lower_bound": None,
-          "attn": None, "hidden_act": "swish", "attnres_block_size": None, "use_gate": True}
+_FIXED = {"use_short_conv": True, "allow_neg_eigval": False, "attn": None, "hidden_act": "swish",
+          "attnres_block_size": None, "use_gate": True}
 
 
 def _model_config(fla_config, where):
@@ -176,6 +188,15 @@ def _model_config(fla_config, where):
   for field, value in _FIXED.items():
     if field in fla_config and fla_config[field] != value:
       raise ValueError(f"{where}: config field {field}={fla_config[field]!r} is not supported (only {value!r})")
+  safe_gate, lower_bound = fla_config.get("safe_gate", False), fla_config.get("lower_bound")
+  if safe_gate not in (False, True) or (safe_gate and lower_bound is None):
+    raise ValueError(f"{where}: config field safe_gate={safe_gate!r} is not supported (only False, or True with a "
+                     "lower_bound, as fla's KDAConfig requires)")
+  if lower_bound is not None and mixer != "kda":
+    raise ValueError(f"{where}: config field lower_bound={lower_bound!r} is not supported (fla's {model_type} layer "
+                     "has no bounded gate: only None)")
+  if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
+    raise ValueError(f"{where}: config field lower_bound={lower_bound!r} is not supported (expected a number)")
   if fla_config.get("num_v_heads") not in (None, fla_config.get("num_heads")):
     raise ValueError(f"{where}: config field num_v_heads={fla_config['num_v_heads']!r} is not supported "
                      "(grouped value heads: only None or num_heads)")
@@ -198,6 +219,8 @@ def _model_config(fla_config, where):
   c.tie_embeddings = bool(fla_config.get("tie_word_embeddings", False))
   c.delta.preset = "fla"  # its layers take the model's norm_eps, as fla's do (models.config.delta_layer)
   c.delta.conv_size = int(fla_config.get("conv_size", 4))
+  if lower_bound is not None:  # the bounded gate, with or without fla's safe_gate kernels (the module docstring)
+    c.delta.lower_bound = float(lower_bound)
   if mixer == "gdn":
     activation = fla_config.get("output_gate_activation", "swish")
     if activation not in ("swish", "silu", "sigmoid"):
@@ -245,8 +268,9 @@ def fla_config(config):
   norm_eps = float(config.get("norm_eps", 1e-6))
   ours = delta_layer(config)
   fla = layer_config(config.mixer, "fla", norm_eps=norm_eps, conv_size=ours.conv_size,
-                     output_gate={"activation": ours.output_gate.activation} if config.mixer == "gdn" else {})
-  compared = ("output_gate", "decay_rank", "gate_bias", "conv_bias", "norm_eps")
+                     output_gate={"activation": ours.output_gate.activation} if config.mixer == "gdn" else {},
+                     lower_bound=ours.lower_bound if config.mixer == "kda" else None)  # KDA's layer alone takes one
+  compared = ("output_gate", "decay_rank", "gate_bias", "conv_bias", "norm_eps", "lower_bound")
   if differ := [f for f in compared if getattr(ours, f) != getattr(fla, f)]:
     raise ValueError(f"{where}: the dense layer differs from fla's in {differ} (model.delta; fla's layer has "
                      f"{ {f: getattr(fla, f) for f in differ} }, and its o_norm eps is the model's norm_eps)")
@@ -259,6 +283,8 @@ def fla_config(config):
             "fuse_norm": True, "fuse_swiglu": True, "fuse_cross_entropy": True, "dtype": "float32"}
   if config.mixer == "gdn":
     fields.update(use_gate=True, output_gate_activation=ours.output_gate.activation)
+  if ours.lower_bound is not None:
+    fields.update(lower_bound=ours.lower_bound, safe_gate=FLA_SAFE_GATE_LOWEST <= ours.lower_bound)
   return fields
 
 

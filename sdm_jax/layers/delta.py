@@ -22,6 +22,7 @@ from sdm_jax.layers.conv import CausalConv
 from sdm_jax.layers.decay import LogDecay
 from sdm_jax.layers.norm import RMSNorm
 from sdm_jax.layers.recurrent import RecurrentMixer
+from sdm_jax.ops.delta_rule import check_bound
 
 ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
 
@@ -54,6 +55,9 @@ class DeltaLayerConfig:
   short convs of q, k, v. norm_eps: the output RMSNorm's. a_log_range: A ~ U(a_log_range) per head.
   linear_init: "normal" (N(0, init_std), fla's models), "torch" (PyTorch's default Linear), "xavier" (gain 2^-2.5,
   the GDN-2 code) or "lecun" (flax's default); every bias starts at 0. conv_init: "normal" or "torch".
+  lower_bound: None, or fla's safe gate: the decay g = lower_bound * sigmoid(exp(A_log) (f(x) + dt_bias)) in
+  [lower_bound, 0) with A_log starting at 0 (`LogDecay`), and the op told g >= lower_bound, so that impl="pallas" forms
+  its grams bounded (DESIGN.md section 2); per-channel decays only, within the op's range at the layer's chunk size.
   """
   output_gate: OutputGate
   decay_rank: str | int = "value"
@@ -65,6 +69,7 @@ class DeltaLayerConfig:
   linear_init: str = "normal"
   conv_init: str = "normal"
   init_std: float = 0.02
+  lower_bound: float | None = None
 
   def __post_init__(self):
     if not isinstance(self.output_gate, OutputGate):
@@ -160,6 +165,10 @@ class DeltaMixer(RecurrentMixer):
       raise ValueError(f"layer: expected a DeltaLayerConfig, got {type(layer).__name__}")
     variant = ops.MIXERS[mixer]
     variant.check_dims("value_dim", head_dim, value_dim)
+    try:
+      check_bound(layer.lower_bound, chunk_size, scalar_decay=variant.decay == "head")
+    except ValueError as e:
+      raise ValueError(f"{mixer} layer's {e}") from None
     H, K, V = num_heads, head_dim, value_dim
     size = {"head": 1, "key": K, "value": V}
     kernel_init = init.linear_init(layer.linear_init, layer.init_std)
@@ -171,7 +180,8 @@ class DeltaMixer(RecurrentMixer):
                                        rngs=rngs)
     self.q_conv, self.k_conv, self.v_conv = conv(H * K), conv(H * K), conv(H * V)
     self.decay = LogDecay(width, H, size[variant.decay], low_rank=_rank(layer.decay_rank, V),
-                          a_log_range=layer.a_log_range, kernel_init=kernel_init, dtype=dtype, rngs=rngs)
+                          a_log_range=layer.a_log_range, lower_bound=layer.lower_bound, kernel_init=kernel_init,
+                          dtype=dtype, rngs=rngs)
     for name, shape in variant.gates:
       setattr(self, f"{name}_proj", linear(width, H * size[shape], layer.gate_bias))
     self.o_norm = RMSNorm(V, eps=layer.norm_eps)
@@ -212,6 +222,6 @@ class DeltaMixer(RecurrentMixer):
       gates[name] = gate[..., 0] if shape == "head" else gate
     o, new_cache["S"] = self.variant.op(
         q, k, v, self.decay(x), **gates, use_qk_l2norm=True, impl=impl, chunk_size=self.chunk_size,
-        initial_state=cache["S"], output_final_state=True, segment_ids=segment_ids)
+        initial_state=cache["S"], output_final_state=True, segment_ids=segment_ids, lower_bound=self.layer.lower_bound)
     out_gate = ACTIVATIONS[self.layer.output_gate.activation](heads(self.out_gate_proj(x)))
     return self.o_proj((self.o_norm(o) * out_gate).reshape(B, T, -1)), new_cache

@@ -21,13 +21,16 @@ def delta_layer_fields(preset="default"):
   """The dense layer's nested config (`layers.delta.DeltaLayerConfig`, DESIGN.md section 4): a preset ("default":
   the paper's own layer where its code is public, else fla's; "fla"; "official") and, each None unless set, the
   fields that change it (output_gate.activation / rank / bias, decay_rank, gate_bias, conv_size, conv_bias,
-  norm_eps, linear_init, conv_init, init_std). Ranks are "full", "value" or an int written as a string."""
+  norm_eps, linear_init, conv_init, init_std, lower_bound). Ranks are "full", "value" or an int written as a string.
+  lower_bound: fla's safe gate, a decay bounded to [lower_bound, 0) that impl="pallas" runs bounded (per-channel
+  decays only; at least -160 / C for its chunk size C: -5 at its default 32, fla's recommended bound)."""
   typed = lambda field_type: ml_collections.FieldReference(None, field_type=field_type)
   return ml_collections.ConfigDict({
       "preset": preset,
       "output_gate": {"activation": typed(str), "rank": typed(str), "bias": typed(bool)},
       "decay_rank": typed(str), "gate_bias": typed(bool), "conv_size": typed(int), "conv_bias": typed(bool),
-      "norm_eps": typed(float), "linear_init": typed(str), "conv_init": typed(str), "init_std": typed(float)})
+      "norm_eps": typed(float), "linear_init": typed(str), "conv_init": typed(str), "init_std": typed(float),
+      "lower_bound": typed(float)})
 
 
 def delta_layer(config):

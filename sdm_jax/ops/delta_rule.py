@@ -127,6 +127,13 @@ def chunk_size_of(impl, chunk_size, T):
   return pick(impl, IMPLEMENTATIONS).chunk_size(chunk_size, T)
 
 
+def check_bound(lower_bound, chunk_size, scalar_decay=False):
+  """The dense ops' check of lower_bound (`chunk_math.check_lower_bound`), whatever impl runs: at the chunk size
+  impl="pallas" runs (chunk_size; None: its rule), never with one decay per head (scalar_decay), so that a call one
+  impl takes every impl takes (the others ignore the bound). A layer checks its bound with it when it is built."""
+  return check_lower_bound(lower_bound, IMPLEMENTATIONS["pallas"].chunk_size(chunk_size, None), scalar_decay)
+
+
 def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dtypes, lower_bound=None):
   """The checks of both entry points, in order: impl (`IMPLEMENTATIONS`; "auto" picked here, once), chunk_size,
   scale, then arrays ((name, x, dimension names)) and initial_state against one binding of B, T, H, K, V, then
@@ -144,8 +151,7 @@ def _check(impl, chunk_size, scale, arrays, initial_state, segment_ids, empty_dt
     check_shape(name, x, names, dims)
   if initial_state is not None:
     check_shape("initial_state", initial_state, STATE, dims)
-  per_head = next(names for name, _, names in arrays if name == "g") == HEAD
-  check_lower_bound(lower_bound, IMPLEMENTATIONS["pallas"].chunk_size(chunk_size, dims["T"]), per_head)
+  check_bound(lower_bound, chunk_size, next(names for name, _, names in arrays if name == "g") == HEAD)
   if (empty := empty_outputs(dims, *empty_dtypes(), initial_state)) is not None:
     return empty, None
   if segment_ids is not None:
