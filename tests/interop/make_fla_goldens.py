@@ -7,7 +7,9 @@ Run once on a GPU with fla 0.6.0 (its Triton kernels need one), torch and transf
 What it writes, all fp32 and small (tiny random shapes):
 - layer_<kind>.safetensors for kind in gdn, kda, gdn2: one fla layer's state dict (fla's `GatedDeltaNet`,
   `KimiDeltaAttention`, `GatedDeltaNet2` at hidden 64, 2 heads of 32, every other argument at fla's default), and
-  layer_<kind>_io.safetensors: an input x [2, 48, 64] and the layer's output y.
+  layer_<kind>_io.safetensors: an input x [2, 48, 64] and the layer's output y. kind kda_safe_gate is
+  `KimiDeltaAttention` with SAFE_GATE (its gate lower_bound * sigmoid(exp(A_log) (f(x) + dt_bias))), drawn from a
+  generator of its own so that the other files do not change with it; fla's GDN-2 layer has no safe gate.
 - model_<kind>/ for kind in gdn (tied head) and kda (own head): `save_pretrained` of fla's
   `GatedDeltaNetForCausalLM` / `KDAForCausalLM` (2 layers, width 64), and model_<kind>_io.safetensors: tokens
   [2, 40] and fla's logits.
@@ -32,6 +34,7 @@ from safetensors.torch import save_file
 LAYER_SHAPE = dict(hidden_size=64, num_heads=2, head_dim=32)
 MODEL_SHAPE = dict(vocab_size=300, hidden_size=64, num_heads=2, head_dim=32, num_hidden_layers=2)
 INIT_SHAPE = dict(vocab_size=1000, hidden_size=256, num_heads=2, head_dim=128, num_hidden_layers=2)
+SAFE_GATE = dict(safe_gate=True, lower_bound=-5.0)  # fla's recommended bound
 
 
 def redraw(module, generator):
@@ -54,11 +57,17 @@ def redraw(module, generator):
         p.copy_(noise / math.sqrt(p.shape[-1]))
 
 
-def layers(out, generator):
+def layer_classes():
+  """{kind: (fla's layer class, its arguments beyond LAYER_SHAPE)}."""
   from fla.layers import GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention
-  classes = {"gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "gdn2": GatedDeltaNet2}
-  for kind, cls in classes.items():
-    layer = cls(**LAYER_SHAPE).cuda().float().eval()
+  return {"gdn": (GatedDeltaNet, {}), "kda": (KimiDeltaAttention, {}), "gdn2": (GatedDeltaNet2, {}),
+          "kda_safe_gate": (KimiDeltaAttention, SAFE_GATE)}
+
+
+def layers(out, generator, kinds):
+  for kind in kinds:
+    cls, arguments = layer_classes()[kind]
+    layer = cls(**LAYER_SHAPE, **arguments).cuda().float().eval()
     redraw(layer, generator)
     x = torch.randn(2, 48, LAYER_SHAPE["hidden_size"], generator=generator).cuda()
     with torch.no_grad():
@@ -111,9 +120,10 @@ def main():
   import fla
   import transformers
   generator = torch.Generator().manual_seed(0)
-  layers(args.out, generator)
+  layers(args.out, generator, ("gdn", "kda", "gdn2"))
   models(args.out, generator)
   init_stats(args.out)
+  layers(args.out, torch.Generator().manual_seed(1), ("kda_safe_gate",))
   with open(os.path.join(args.out, "versions.json"), "w") as f:
     json.dump({"fla": fla.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                "device": torch.cuda.get_device_name(), "python": platform.python_version()}, f, indent=1)

@@ -152,3 +152,48 @@ def test_save_fla_refuses_what_fla_s_models_cannot_express(tmp_path):
   config.pattern, config.mixer = "D", "gdn2"
   with pytest.raises(ValueError, match="fla's models are"):
     fla_config(config)
+
+
+def test_kda_s_safe_gate_loads_into_the_bound_and_saves_back(checkpoint, tmp_path):
+  """fla's KDAConfig(safe_gate=True, lower_bound=-5): the layers' lower_bound (their gate the bounded one), written
+  back as fla's safe gate; with safe_gate False fla's gate is bounded all the same, and reads the same."""
+  tokens = jnp.asarray(load_file(GOLDEN / "model_kda_io.safetensors")["tokens"])
+  plain, _ = load_fla(checkpoint)
+  for safe_gate, bound in ((True, -5.0), (False, -3)):
+    _edit_config(checkpoint, safe_gate=safe_gate, lower_bound=bound)
+    model, config = load_fla(checkpoint)
+    assert config.delta.lower_bound == bound and model.blocks[1].mixer.decay.lower_bound == bound
+    assert relative_error(model(tokens), plain(tokens)) > 1e-3  # the bounded gate, not the softplus one
+    save_fla(model, config, tmp_path / str(bound))
+    written = json.loads((tmp_path / str(bound) / "config.json").read_text())
+    assert (written["safe_gate"], written["lower_bound"]) == (True, bound)  # fla's kernels take both bounds
+    again, config_again = load_fla(tmp_path / str(bound))
+    assert config_again.to_dict() == config.to_dict()
+    for a, b in zip(*(jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, again))):
+      np.testing.assert_array_equal(a, b)
+  config.chunk_size, config.delta.lower_bound = 16, -8.0  # ours at chunk 16 takes it; fla's safe_gate kernels do not
+  assert (fla_config(config)["safe_gate"], fla_config(config)["lower_bound"]) == (False, -8.0)
+  layer = fla_layer("kda", GOLDEN / "layer_kda.safetensors", **LAYER_SHAPE, lower_bound=-5.0)
+  assert layer.decay.lower_bound == -5.0
+
+
+def test_bounds_fla_or_we_cannot_build_are_named(checkpoint, tmp_path):
+  for fields, message in (({"safe_gate": True, "lower_bound": None}, r"config field safe_gate=True is not supported"),
+                          ({"lower_bound": "-5"}, r"config field lower_bound='-5' is not supported \(expected a num"),
+                          ({"safe_gate": True, "lower_bound": -8.0},
+                           r"kda layer's lower_bound: expected None or a number in \[-5, 0\) at chunk size 32")):
+    _edit_config(checkpoint, **fields)
+    with pytest.raises(ValueError, match=message):
+      load_fla(checkpoint)
+  gdn = tmp_path / "gdn"
+  shutil.copytree(GOLDEN / "model_gdn", gdn)
+  _edit_config(gdn, lower_bound=-5.0)
+  with pytest.raises(ValueError, match=r"lower_bound=-5.0 is not supported \(fla's gated_deltanet layer has no bounded"):
+    load_fla(gdn)
+  for kind in ("gdn", "gdn2"):
+    with pytest.raises(ValueError, match=rf"^lower_bound: fla's {kind} layer has no bounded gate"):
+      fla_layer(kind, GOLDEN / f"layer_{kind}.safetensors", **LAYER_SHAPE, lower_bound=-5.0)
+  config = default_config()
+  config.mixer, config.delta.preset, config.delta.lower_bound = "gdn", "fla", -5.0
+  with pytest.raises(ValueError, match=r"differs from fla's in \['lower_bound'\]"):
+    fla_config(config)
