@@ -12,7 +12,8 @@ bounded instead:
     g = lower_bound * sigmoid(exp(A_log) * (f(x) + dt_bias))  in [lower_bound, 0]
 
 and A_log starts at 0 (exp(A_log) = 1), as fla's safe-gate layer initialises it; dt_bias starts as above. In fp32
-sigmoid never exceeds 1, so g never goes below lower_bound: the promise the ops' lower_bound takes (DESIGN.md section 2).
+sigmoid never exceeds 1, so g never goes below lower_bound: the promise the ops' lower_bound takes (DESIGN.md
+section 2).
 """
 
 import math
