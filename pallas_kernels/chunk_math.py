@@ -20,11 +20,12 @@ row j of its own block, exp(G_r - G_c) is taken directly (c < r, so the exponent
 products are summed over the key channels.
 
 Bounded decay. When the caller promises every per-step log decay g >= lower_bound (fla's safe gate),
-G_r - G_c >= lower_bound (r - c), and a single level covers every pair: all rows factor through one
-reference row m, the last of the chunk's first half, as exp(G_r - G_m) * exp(G_m - G_c). The factors
-are then >= 1 on one side of m, but neither exponent exceeds |lower_bound| C / 2 in size, and for
-c < r their product is exp(G_r - G_c) <= 1, the same decay the tree forms; no sub-blocks, one masked
-dot per Gram matrix. `check_lower_bound` holds |lower_bound| C / 2 to BOUNDED_EXPONENT.
+G_r - G_c >= lower_bound (r - c), and one level covers every pair inside a block of b rows: all its rows
+factor through the block's middle row m (the last of its first half) as exp(G_r - G_m) * exp(G_m - G_c).
+The factors are then >= 1 on one side of m, but neither exponent exceeds |lower_bound| b / 2 in size, and
+for c < r their product is exp(G_r - G_c) <= 1, the same decay the tree forms. b is the whole chunk where
+|lower_bound| C / 2 <= BOUNDED_EXPONENT (one masked dot per Gram matrix), else its halves, with the tree's
+top level across them (two dots); no elementwise sub-blocks either way (`check_lower_bound`).
 
 The rows one pair needs (row j of a block, a level's midpoint) are gathered by index (`block_rows`)
 from G and y as the kernels hold them in memory, rather than picked out of registers by a masked
@@ -42,12 +43,14 @@ import jax.numpy as jnp
 F32_DOT = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 # io products of bf16 inputs: operands rounded to bf16, fp32 accumulation (the bf16 error budget is 1e-2).
 BF16_OPERANDS = "bf16 operands"
-# The largest |exponent| of a bounded factor, |lower_bound| C / 2 (fla's bound -5 at chunk 32). fp32 and bf16 hold
-# e^-87.3 to e^88.7 as normal numbers: the larger factor leaves e^8.7 (6,000) for the operand it scales (q, e, u
-# and the gradients dT, dAqk, about 1 and below) and for the dot's sum before fp32 overflows; the smaller one keeps
-# an operand down to 6.6e-4 a normal number, and below that gradual underflow errs by at most 2^-149 e^80 |x|
-# (4e-11 |x|) once the larger factor multiplies it back.
-BOUNDED_EXPONENT = 80.0
+# The largest |exponent| of a bounded factor, |lower_bound| b / 2. fp32 and bf16 hold e^-87.3 to e^88.7 as normal
+# numbers, and XLA's CPU runtime (a GPU's products may too) flushes what falls below to 0: a product in a dot of the
+# smaller factor and two operands (x y forward; dT or dAqk times x backward, as small as the loss's scale makes them) is
+# lost when below e^-87.3, and the larger factor, multiplying back, makes that an absolute error of up to
+# e^(E - 87.3). At E = 80 (fla's bound -5 through the middle of a chunk of 32) that is 7e-4, the size of the
+# gradient terms themselves once the loss is scaled by 1e-3 (tests/ops/test_lower_bound.py scales it by 1e-6); at
+# 40 it is 3e-21, below fp32's resolution of any gradient above 1e-13, and the larger factor leaves e^48 to overflow.
+BOUNDED_EXPONENT = 40.0
 
 
 class Dots(NamedTuple):
@@ -77,16 +80,17 @@ def iota(shape, axis):
 
 
 def lowest_bound(chunk_size):
-  """The most negative lower_bound chunk_size rows take: |lower_bound| C / 2 = BOUNDED_EXPONENT."""
-  return -2 * BOUNDED_EXPONENT / chunk_size
+  """The most negative lower_bound chunk_size rows take: |lower_bound| b / 2 = BOUNDED_EXPONENT with b = C / 2."""
+  return -4 * BOUNDED_EXPONENT / chunk_size
 
 
 def check_lower_bound(lower_bound, chunk_size, scalar_decay=False):
-  """Whether the grams of chunk_size rows are formed bounded (lower_bound given): ValueError naming lower_bound
-  unless it is None or a real number in [`lowest_bound(chunk_size)`, 0), and with scalar_decay (one decay per head,
-  whose grams are plain dots times one decay matrix, with no factors to bound) unless it is None."""
+  """The block size b of the bounded level (`levels`) for chunk_size rows: chunk_size where |lower_bound| C / 2 <=
+  BOUNDED_EXPONENT, else chunk_size / 2; None for lower_bound None. ValueError naming lower_bound unless it is None
+  or a real number in [`lowest_bound(chunk_size)`, 0), and with scalar_decay (one decay per head, whose grams are
+  plain dots times one decay matrix, with no factors to bound) unless it is None."""
   if lower_bound is None:
-    return False
+    return None
   if scalar_decay:
     raise ValueError(f"lower_bound: expected None with one decay per head (its grams are plain dots times one decay "
                      f"matrix already), got {lower_bound!r}")
@@ -94,9 +98,9 @@ def check_lower_bound(lower_bound, chunk_size, scalar_decay=False):
   if (isinstance(lower_bound, bool) or not isinstance(lower_bound, numbers.Real)
       or not lowest <= lower_bound < 0):
     raise ValueError(f"lower_bound: expected None or a number in [{lowest:g}, 0) at chunk size {chunk_size} "
-                     f"(|lower_bound| * chunk_size / 2 <= {BOUNDED_EXPONENT:g} keeps every factor finite in fp32), "
-                     f"got {lower_bound!r}")
-  return True
+                     f"(|lower_bound| * chunk_size / 4 <= {BOUNDED_EXPONENT:g} keeps every factor's exponent within "
+                     f"fp32's), got {lower_bound!r}")
+  return chunk_size if -lower_bound * chunk_size / 2 <= BOUNDED_EXPONENT else chunk_size // 2
 
 
 def block_sizes(C, sub=1):
@@ -194,52 +198,53 @@ def block_pairs_bwd(pairs, y, G, sub, rows):
   return list(dxs), dy
 
 
-def levels(G, sub, G_rows, bounded=False):
+def levels(G, sub, G_rows, bounded_block=None):
   """The dots of the decayed grams, one per level, each (pairs [C, C] bool, row factor, column factor [C, K]): the
   level's pairs (r, c) take sum_k (x[r, k] row factor[r, k]) (y[c, k] column factor[c, k]). The tree's levels of
-  blocks C down to 2 sub; with bounded (g >= a lower bound, `check_lower_bound`) one level of every pair c < r
-  through the chunk's middle row, both factors on every row. Its factors are finite, but the dot's entries above
-  the diagonal (exp(G_r - G_c) >= 1) may overflow: the pair mask, a select, discards them.
-  G_rows: G gathered at an index vector ([C] -> [C, K]). A generator, so each level's factors are formed where
-  its dot uses them."""
+  blocks C down to 2 sub; with bounded_block b (g >= a lower bound, `check_lower_bound`) its levels down to 2 b, then
+  one level of every pair c < r inside a b-row block through the block's middle row, both factors on every row.
+  Those factors are finite, but the dot's entries above the diagonal (exp(G_r - G_c) >= 1) may overflow: the pair
+  mask, a select, discards them. G_rows: G gathered at an index vector ([C] -> [C, K]). A generator, so each
+  level's factors are formed where its dot uses them."""
   C = G.shape[0]
-  if bounded:
-    G_mid = G_rows(block_rows(C, C, C // 2 - 1))
-    yield iota((C, C), 1) < iota((C, C), 0), jnp.exp(G - G_mid), jnp.exp(G_mid - G)
-    return
-  for b in block_sizes(C, sub):
+  for b in block_sizes(C, bounded_block or sub):
     row_factor, col_factor = level_factors(G, b, G_rows(block_rows(C, b, b // 2 - 1)))
     yield pair_mask(C, b), row_factor, col_factor
+  if bounded_block:
+    r, c = iota((C, C), 0), iota((C, C), 1)
+    G_mid = G_rows(block_rows(C, bounded_block, bounded_block // 2 - 1))
+    yield (r // bounded_block == c // bounded_block) & (c < r), jnp.exp(G - G_mid), jnp.exp(G_mid - G)
 
 
-def level_pairs(xs, y, G, precision, sub, rows, bounded=False):
-  """The pairs across sub-row blocks, one masked dot per level (`levels`; bounded: every pair): per x, M [C, C]."""
+def level_pairs(xs, y, G, precision, sub, rows, bounded_block=None):
+  """The pairs across sub-row blocks (with bounded_block, every pair), one masked dot per level (`levels`): per x,
+  M [C, C]."""
   C = G.shape[0]
   Ms = [jnp.zeros((C, C), jnp.float32) for _ in xs]
-  for mask, row_factor, col_factor in levels(G, sub, rows[1], bounded):
+  for mask, row_factor, col_factor in levels(G, sub, rows[1], bounded_block):
     y_col = (y * col_factor).T
     Ms = [m + jnp.where(mask, dot(x * row_factor, y_col, precision), 0.0) for m, x in zip(Ms, xs)]
   return Ms
 
 
-def decayed_grams(xs, y, G, precision, rows, sub, bounded=False):
+def decayed_grams(xs, y, G, precision, rows, sub, bounded_block=None):
   """For each x in xs [C, K]: M[r, c] = sum_k x[r,k] y[c,k] exp(G_r - G_c) over pairs c < r (strictly lower).
 
   rows = (y_rows, G_rows): y and G gathered at an index vector ([C] -> [C, K]; in a kernel, loads from the
   refs, so no row is extracted by a reduction across rows). Inside a loop over key blocks, `block_pairs` and
-  `level_pairs` can be summed separately and placed once at the end. bounded: every per-step log decay is at
-  least a lower bound that `check_lower_bound` accepts at C rows; then one dot per x forms every pair (`levels`)
-  and sub is not read.
+  `level_pairs` can be summed separately and placed once at the end. bounded_block: None, or what
+  `check_lower_bound` gives for a lower bound every per-step log decay keeps; then the levels form every pair
+  (`levels`: one or two dots per x) and sub is not read.
   """
   sub = min(sub, G.shape[0])
-  if bounded:
-    return level_pairs(xs, y, G, precision, sub, rows, bounded)
+  if bounded_block:
+    return level_pairs(xs, y, G, precision, sub, rows, bounded_block)
   return [place_blocks(D) + M for D, M in zip(block_pairs(xs, G, sub, rows), level_pairs(xs, y, G, precision, sub,
                                                                                        rows))]
 
 
-def decayed_grams_bwd(pairs, y, G, precision, rows, sub, bounded=False):
-  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower; rows and bounded as there.
+def decayed_grams_bwd(pairs, y, G, precision, rows, sub, bounded_block=None):
+  """Backward of `decayed_grams`. pairs: [(x, dM)], dM [C, C] strictly lower; rows and bounded_block as there.
 
   Returns ([dx], dy, dG) where dG [C, K] is the gradient with respect to the cumsum G: each pair
   (r, c) adds its term to row r and subtracts it from row c, so the decay of a pair reaches exactly
@@ -248,11 +253,11 @@ def decayed_grams_bwd(pairs, y, G, precision, rows, sub, bounded=False):
   """
   C, K = G.shape
   sub = min(sub, C)
-  if bounded:
+  if bounded_block:
     dxs, dy = [jnp.zeros((C, K), jnp.float32) for _ in pairs], jnp.zeros((C, K), jnp.float32)
   else:
     dxs, dy = block_pairs_bwd(pairs, y, G, sub, rows)
-  for mask, row_factor, col_factor in levels(G, sub, rows[1], bounded):
+  for mask, row_factor, col_factor in levels(G, sub, rows[1], bounded_block):
     y_col = y * col_factor
     for i, (x, dm) in enumerate(pairs):
       dm = jnp.where(mask, dm, 0.0)

@@ -12,7 +12,7 @@ Three launches, the forward's in reverse:
                   Writes dz, dT and dAqk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
   pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
                   block, added to those terms: dq, du, de and dg (in place); with a lower bound on g, those of
-                  the forward's one dot per gram (`chunk_math.levels`). With one decay per head (G and dg
+                  the forward's one or two dots per gram (`chunk_math.levels`). With one decay per head (G and dg
                   [B, T, H]) grid (B, H, N): plain dots with dT and dAqk times one [C, C] decay matrix, every key
                   block in one program, since all of them add to the head's one dg.
 Splitting pass 4 off is faster on the H200 than one launch (benchmarks/ops/README.md, launch settings).
@@ -182,10 +182,10 @@ def _intra_chunk_bwd_kernel(q_ref, u_ref, e_ref, z_ref, G_ref, r_ref, A_ref, s_r
 
 
 def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg_in_ref, dq_ref, du_ref, de_ref,
-                     dg_ref, *, scale, sub_block, bounded, interpret):
+                     dg_ref, *, scale, sub_block, bounded_block, interpret):
   """Pass 4, one key block of one chunk: the decayed Gram matrices' gradients (from dT and dAqk [C, C]),
-  added to pass 2's terms (parts, dg) to give dq, du, de and dg. bounded: the forward's one dot per gram
-  (`chunk_math.levels`)."""
+  added to pass 2's terms (parts, dg) to give dq, du, de and dg. bounded_block: the forward's one or two dots
+  per gram (`chunk_math.levels`)."""
   del dg_in_ref  # aliased with dg_ref
   near, io, _ = cm.precisions(dq_ref.dtype, interpret)
   C = dt_ref.shape[0]
@@ -198,7 +198,7 @@ def _pair_bwd_kernel(q_ref, u_ref, e_ref, G_ref, dt_ref, dAqk_ref, parts_ref, dg
   q = q * scale
   rows = (lambda at: u_ref[at, :].astype(jnp.float32), lambda at: G_ref[at, :])
   (d_e, d_q), d_u, d_G = cm.decayed_grams_bwd([(e, dt_ref[...]), (q, d_Aqk_strict)], u, G, io, rows, sub_block,
-                                               bounded)
+                                               bounded_block)
   dg_ref[...] += cm.dot(cm.lower_ones(C, False).T, d_G, near)
   dq_ref[...] = ((d_q + parts_ref[1] + d_Aqk_diag * u) * scale).astype(dq_ref.dtype)
   du_ref[...] = (d_u + parts_ref[2] + d_Aqk_diag * q).astype(du_ref.dtype)
@@ -289,7 +289,7 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   state leaving each chunk, in the dtype `state_pass` and `state_pass_bwd` store them in (`saved_state_dtype`: bf16
   under bf16 io); d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`; documents: None, or the [B, T] int32
   the forward's `intra_chunk` read (packed sequences); lower_bound: the one the forward's `intra_chunk` took (pass 4
-  then differentiates its one dot per gram). dg is the gradient with respect to the g the forward's cumsum G
+  then differentiates its one or two dots per gram). dg is the gradient with respect to the g the forward's cumsum G
   summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
   settings: `IntraChunkBwdSettings` (None: its defaults at chunk_size).
@@ -300,7 +300,7 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   C = chunk_size
   kb, pkb = min(s.key_block, K), min(s.pair_key_block, K)
   scalar_decay = G.ndim == 3
-  bounded = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
+  bounded_block = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
   decays = None if scalar_decay else K
   dg_shape = jax.ShapeDtypeStruct(G.shape, jnp.float32)
   sq = pl.squeezed
@@ -330,7 +330,7 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
     keys, g_spec, pair, terms = chunk_spec(C, K), chunk_spec(C), chunk_spec(C, C), parts_spec(C, K)
   else:  # one key block of one chunk per program
     grid = (B, H, T // C, K // pkb)
-    kernel = functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, bounded=bounded,
+    kernel = functools.partial(_pair_bwd_kernel, scale=scale, sub_block=s.sub_block, bounded_block=bounded_block,
                                interpret=interpret)
     keys = g_spec = pl.BlockSpec((sq, C, sq, pkb), lambda b, h, n, i: (b, n, h, i))
     pair = pl.BlockSpec((sq, C, sq, C), lambda b, h, n, i: (b, n, h, 0))

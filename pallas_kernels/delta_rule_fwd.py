@@ -4,7 +4,7 @@ Four launches:
   chunk_cumsum grid (B, H, N): G, the cumsum of g within each chunk, which every later kernel reads.
   gram_solve  grid (B, H, N): per chunk, the decayed Gram matrices T and Aqk and the exact fp32
               inverse A = (I + T)^-1 (chunk_math has the tree of decay factors that keeps every
-              exponent <= 0, and the one dot per gram that a lower bound on g allows; a decay shared by
+              exponent <= 0, and the one or two dots per gram a lower bound on g allows; a decay shared by
               all channels, GDN's, needs only plain dots times one [C, C] decay matrix, faster for GDN's
               op forward: benchmarks/ops/README.md, launch settings).
   solved      grid (B, H, N): Y = A (e * exp(G)), U = A z and the chunk's decays for the state passes:
@@ -126,13 +126,13 @@ def split_documents(refs, packed):
   return (refs[0], refs[1:]) if packed else (None, refs)
 
 
-def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, bounded, packed, padded,
-                       interpret):
+def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, scalar_decay, bounded_block, packed,
+                       padded, interpret):
   """One chunk: A = (I + T)^-1 and Aqk [C, C], key_block key channels at a time. The pairs inside sub-blocks
   are summed over the key blocks as [C, sub_block] and placed once at the end. scalar_decay: G_ref [C] holds
-  the head's one decay, so the grams are plain dots times one [C, C] decay matrix. bounded: g >= a lower bound,
-  every pair in one dot per gram (`chunk_math.levels`), no sub-blocks. packed: refs start with the chunk's
-  documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
+  the head's one decay, so the grams are plain dots times one [C, C] decay matrix. bounded_block: g >= a
+  lower bound, every pair in one or two dots per gram (`chunk_math.levels`), no sub-blocks. packed: refs start
+  with the chunk's documents, and pairs across documents are 0; padded: then its padding mask (`norms`)."""
   documents_ref, refs = split_documents(refs, packed)
   real_ref, refs = split_documents(refs, padded)
   same = None if documents_ref is None else document_masks(documents_ref).same
@@ -155,17 +155,17 @@ def _gram_solve_kernel(q_ref, G_ref, *refs, form, scale, key_block, sub_block, s
     G = G_ref[:, keys]
     q = columns(q_ref, i, kb) * q_scale
     u, e = form.take(arrays, slice(None), keys, ("u", "e"), k_norm)
-    D = () if bounded else cm.block_pairs([e, q], G, sub, rows)
-    M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows, bounded)
+    D = () if bounded_block else cm.block_pairs([e, q], G, sub, rows)
+    M_T, M_qk = cm.level_pairs([e, q], u, G, dots.io, sub, rows, bounded_block)
     diag = jnp.where(eye, jnp.sum(q * u, axis=1, keepdims=True), 0.0)
     return *(a + d for a, d in zip(acc, D)), acc[-2] + M_T, acc[-1] + M_qk + diag
 
   blocks, square = jnp.zeros((C, sub), jnp.float32), jnp.zeros((C, C), jnp.float32)
   # Bounded: (T, Aqk); else (D_T, D_qk, M_T, M_qk), the sub-blocks' pairs apart from the levels', each placed where
   # it is used (Aqk's after the inverse, so that it is not held through it).
-  init = (square, square) if bounded else (blocks, blocks, square, square)
+  init = (square, square) if bounded_block else (blocks, blocks, square, square)
   *D, M_T, M_qk = jax.lax.fori_loop(0, K // kb, gram_block, init)
-  place = lambda i, M: M if bounded else cm.place_blocks(D[i]) + M
+  place = lambda i, M: M if bounded_block else cm.place_blocks(D[i]) + M
   A_ref[...] = cm.unit_lower_inverse(masked(same, place(0, M_T)), dots)
   Aqk_ref[...] = masked(same, place(1, M_qk)).astype(Aqk_ref.dtype)
 
@@ -399,7 +399,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   makes a padding token inert without a pass over q and k).
 
   lower_bound: None, or the caller's promise that every g >= lower_bound (`chunk_math.check_lower_bound` at
-  chunk_size, per-channel G only): gram_solve then forms each gram with one dot (`chunk_math.levels`).
+  chunk_size, per-channel G only): gram_solve then forms each gram with one or two dots (`chunk_math.levels`).
 
   Two launches: gram_solve writes A and Aqk; solved reads A. settings: `IntraChunkSettings` (None: its defaults
   at chunk_size). With G [B, T, H] gram_solve forms the grams as plain dots times one decay matrix, and decay_last
@@ -411,7 +411,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
   form.check(K, V)
   C = chunk_size
   scalar_decay = G.ndim == 3
-  bounded = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
+  bounded_block = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
   decays = None if scalar_decay else K
   key = jax.ShapeDtypeStruct((B, T, H, K), io_dtype)
   grid = (B, H, T // C)
@@ -425,7 +425,7 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
     specs, arrays = [document_spec(C)] + specs, (documents, *arrays)
   A, Aqk = pl.pallas_call(
       functools.partial(_gram_solve_kernel, form=form, scale=scale, key_block=s.key_block, sub_block=s.sub_block,
-                        scalar_decay=scalar_decay, bounded=bounded, packed=packed, padded=padded,
+                        scalar_decay=scalar_decay, bounded_block=bounded_block, packed=packed, padded=padded,
                         interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K), chunk_spec(C, decays)] + specs, out_specs=(chunk_spec(C, C),) * 2,

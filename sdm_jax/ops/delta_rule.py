@@ -95,7 +95,7 @@ class Pallas:
   """impl="pallas": the kernels (`pallas.delta_rule_pallas`; interpret mode off a GPU). run(form, q, k, v, gates, g,
   scale, state, chunk_size, io_dtype, starts, keep, real) hands the kernels the mixer's inputs and `form` (a
   mixer_inputs.Form; `FORMED` for formed ones), g [B, T, H] as it is, the padding masks (`segments.kernel_masks`) and
-  the caller's lower_bound on g (`PallasOpSettings`), and returns (o [B, T, H, V] in io_dtype, final state
+  the caller's lower_bound on g (`generalized_delta_rule`), and returns (o [B, T, H, V] in io_dtype, final state
   [B, H, K, V] fp32)."""
   name: str = "pallas"
   config: PallasOpSettings = PallasOpSettings.defaults()
@@ -174,7 +174,7 @@ def generalized_delta_rule(q, u, e, z, g, *, scale=None, initial_state=None, imp
   last document's.
   lower_bound: None, or the caller's promise that every g >= lower_bound (fla's safe gate; DESIGN.md section 2),
   a number in [-160 / C, 0) for the chunk size C impl="pallas" runs (-5 at 32), per-channel g only. impl="pallas"
-  then forms each decayed Gram matrix with one dot; a g below the bound may give inf or NaN there. The scan and
+  then forms each decayed Gram matrix with one or two dots; a g below the bound may give inf or NaN there. The scan and
   impl="chunk" compute the same with or without it and ignore it.
   Returns (o [B, T, H, V] in the accumulation dtype, final state [B, H, K, V]).
   """

@@ -7,7 +7,7 @@ initial_state [B, H, K, V], output_final_state, use_qk_l2norm, impl in {"auto", 
 "auto": "pallas" on a GPU, "chunk" elsewhere), chunk_size (a power of two, or None: the impl's rule,
 `delta_rule.chunk_size_of`), segment_ids (None or int [B, T]: packed documents, DESIGN.md section 9;
 `delta_rule.generalized_delta_rule`), lower_bound (None, or the caller's promise that every g >= lower_bound, with
-which impl="pallas" forms its decayed grams in one dot; per-channel decays only, at most 160 / C below 0 for the
+which impl="pallas" forms its decayed grams in one or two dots; per-channel decays only, at most 160 / C below 0 for the
 chunk size C impl="pallas" runs; `delta_rule.generalized_delta_rule`).
 Returns (o [B, T, H, V] in v.dtype, final state [B, H, K, V] fp32, or None).
 """

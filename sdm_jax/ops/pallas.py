@@ -77,7 +77,7 @@ def interpret():
 class Static(NamedTuple):
   """The options of the op that the custom_vjp does not differentiate, one hashable argument: form (the
   `mixer_inputs.Form` of the arrays after q), io_dtype, scale, chunk_size and lower_bound (None, or the caller's
-  promise g >= lower_bound, with which the kernels form each decayed gram in one dot: `chunk_math.levels`)."""
+  promise g >= lower_bound, with which the kernels form each decayed gram in one or two dots: `chunk_math.levels`)."""
   form: Any
   io_dtype: Any
   scale: float
@@ -219,7 +219,7 @@ def delta_rule_pallas(form, q, k, v, gates, g, scale, initial_state, chunk_size,
   forward kernels without gradients, by XLA before the forming launch for them), for mixers whose u and e vanish with
   k (`Mixer.writes_vanish_with_k`). lower_bound: None, or the caller's promise g >= lower_bound (per-channel g only;
   the kernels check it at chunk_size: `chunk_math.check_lower_bound`), with which they form each decayed gram in one
-  dot.
+  or two dots.
   Returns (o [B, T, H, V] in io_dtype, final state [B, H, K, V] fp32)."""
   if chunk_size not in PALLAS_CHUNK_SIZES:
     raise ValueError(f"chunk_size: impl='pallas' supports {PALLAS_CHUNK_SIZES} (at 128 its backward needs more "

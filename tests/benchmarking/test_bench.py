@@ -209,12 +209,13 @@ def test_link_trees_pairs_points_and_takes_base_over_this():
   point = {"mixer": "kda", "impl": "pallas", "B": 1, "T": 64}
   records = [{**point, "tree": "this", "fwd_ms": 2.0, "fwd_bwd_ms": None, "fwd_host_ms": 4.0},
              {**point, "impl": "fla", "tree": "this"},
-             {**point, "tree": "base", "fwd_ms": 3.0, "fwd_bwd_ms": 5.0, "fwd_host_ms": 10.0}]
+             {**point, "tree": "base", "fwd_ms": 3.0, "fwd_bwd_ms": 5.0, "fwd_host_ms": 10.0},
+             {**point, "lower_bound": -5.0, "tree": "this", "fwd_ms": 1.0}]  # a bounded run pairs only with one
   trees.link_trees(records, entry)
   assert records[0]["vs_base_fwd_ms"] == pytest.approx(1.5) and records[0]["vs_base_fwd_bwd_ms"] is None
   assert records[1]["vs_base_fwd_ms"] is None and "vs_base_fwd_ms" not in records[2]
-  assert records[0]["vs_base_fwd_host_ms"] == pytest.approx(2.5)
-  assert ("| kda | pallas | - | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
+  assert records[0]["vs_base_fwd_host_ms"] == pytest.approx(2.5) and records[3]["vs_base_fwd_ms"] is None
+  assert ("| kda | pallas | - | - | 1 | 64 | this | 2 | - | 4 | - | 1.50x | - | 2.50x | - |  |"
           in trees.compare_table(records, entry))
 
 
@@ -248,7 +249,7 @@ def test_ops_from_the_command_line_beside_a_commit(tmp_path):
   runs = report["runs"]
   assert runs["this"]["package_dir"] == str(ROOT / "sdm_jax") != runs["base"]["package_dir"]
   assert runs["base"]["config"]["peer"] is False and report["trees"]["base"].split()[0] in report["trees"]["this"]
-  assert "| kda | chunk | 16 | 1 | 16 | base |" in next(tmp_path.glob("*_trees.md")).read_text()
+  assert "| kda | chunk | 16 | - | 1 | 16 | base |" in next(tmp_path.glob("*_trees.md")).read_text()
   bad = subprocess.run([sys.executable, "-m", "experiments.bench", "--what=ops", "--base=no_such_commit"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
   assert bad.returncode == 2 and bad.stderr.strip() == (

@@ -1,8 +1,8 @@
 """lower_bound, the caller's promise g >= lower_bound (DESIGN.md section 2): impl="pallas" (interpret mode on CPU)
-forms its decayed grams with one dot each and is held to the scan with the tolerances of the unbounded path
+forms its decayed grams with one or two dots each and is held to the scan with the tolerances of the unbounded path
 (`errors.TOLERANCES`), outputs, final state and every gradient: g at the bound everywhere and mixed between it and 0,
-chunk 16 and 32, fp32 and bf16 inputs, packed documents; the bound reaches both kernels that use it; the
-ValueErrors."""
+chunk 16 and 32, fp32 and bf16 inputs, packed documents, a loss of 1 and of 1e-6; the bound reaches both kernels that
+use it; the ValueErrors."""
 
 import jax
 import jax.numpy as jnp
@@ -16,40 +16,44 @@ from sdm_jax.testing.inputs import cast, cotangents, make_inputs, seed_of, segme
 from sdm_jax.testing.runs import call, loss, value_dim
 
 B, H, K, V = 2, 2, 16, 32
-# Each case: (mixer, chunk size, g "bound" everywhere or "mixed" in [bound, 0], io dtype, packed). The per-channel
-# mixers share the grams; their gates reach the grams through u and e alone.
+# Each case: (mixer, chunk size, g, io dtype, packed, the loss's scale). g: "bound", the lowest bound the chunk size
+# takes everywhere (the halves of the chunk one dot each, the tree's top level across them); "mixed", between that
+# bound and 0; "one dot", half that bound everywhere (the whole chunk in one dot). The loss scaled by 1e-6: what the
+# factors lose to flushed subnormals must not grow as the cotangents shrink. The per-channel mixers share the grams;
+# their gates reach them through u and e alone.
 CASES = [
-    ("kda", 16, "bound", "float32", False),
-    ("gdn2", 32, "mixed", "float32", False),
-    ("fg2_gdn_plus", 32, "bound", "float32", False),
-    ("kda", 32, "mixed", "bfloat16", False),
-    ("gdn2", 16, "bound", "bfloat16", False),
-    ("gdn2", 16, "mixed", "float32", True),
-    ("kda", 32, "bound", "float32", True),
+    ("kda", 16, "bound", "float32", False, 1e-6),
+    ("gdn2", 32, "mixed", "float32", False, 1.0),
+    ("fg2_gdn_plus", 32, "one dot", "float32", False, 1e-6),
+    ("kda", 32, "mixed", "bfloat16", False, 1e-6),
+    ("gdn2", 16, "bound", "bfloat16", False, 1.0),
+    ("kda", 32, "one dot", "bfloat16", False, 1.0),
+    ("gdn2", 16, "mixed", "float32", True, 1.0),
+    ("kda", 32, "bound", "float32", True, 1e-6),
 ]
 
 
 def _inputs(mixer, T, chunk_size, decay, seed, dtype=jnp.float32):
-  """make_inputs's, with g at the lowest bound chunk_size takes ("bound") or uniform between it and 0, exactly 0
-  on a fifth of the steps ("mixed")."""
+  """(make_inputs's with g as `decay` says (CASES), the lower bound)."""
   inputs = make_inputs(mixer, B, T, H, K, value_dim(mixer, K, V), 1.0, "random", seed, dtype)
   rng = np.random.default_rng(seed)
-  bound = lowest_bound(chunk_size)
+  bound = lowest_bound(chunk_size) * (0.5 if decay == "one dot" else 1.0)
   shape = inputs["g"].shape
-  g = np.full(shape, bound) if decay == "bound" else bound * rng.uniform(size=shape) * (rng.uniform(size=shape) < 0.8)
+  g = bound * rng.uniform(size=shape) * (rng.uniform(size=shape) < 0.8) if decay == "mixed" else np.full(shape, bound)
   return {**inputs, "g": jnp.asarray(g, dtype)}, bound
 
 
-@pytest.mark.parametrize("mixer, chunk_size, decay, dtype, packed", CASES,
-                         ids=["-".join(map(str, case[:4])) + ("-packed" if case[4] else "") for case in CASES])
-def test_bounded_pallas_matches_the_scan(x64, mixer, chunk_size, decay, dtype, packed):
+@pytest.mark.parametrize("mixer, chunk_size, decay, dtype, packed, loss_scale", CASES,
+                         ids=["-".join(map(str, case[:4])) + ("-packed" if case[4] else "") + f"-loss{case[5]:g}"
+                              for case in CASES])
+def test_bounded_pallas_matches_the_scan(x64, mixer, chunk_size, decay, dtype, packed, loss_scale):
   """fp32 inputs against the float64 scan, bf16 ones against the fp32 scan on the same bf16-rounded values (DESIGN.md
   section 6), with the tolerances of impl="pallas" without a bound."""
   T = 3 * chunk_size - 5  # the last chunk padded
   seed = seed_of("lower_bound", mixer, chunk_size, decay, dtype, packed)
   inputs, bound = _inputs(mixer, T, chunk_size, decay, seed, jnp.float64)
   Vm = value_dim(mixer, K, V)
-  r_o, r_s = cotangents((B, T, H, Vm), (B, H, K, Vm), seed + 1, jnp.float64)
+  r_o, r_s = (loss_scale * r for r in cotangents((B, T, H, Vm), (B, H, K, Vm), seed + 1, jnp.float64))
   # Packed: documents starting inside chunks and at a chunk boundary, then padding.
   ids = segment_ids((((0, 7), (7, chunk_size), (chunk_size, T - 3)), ((0, T),)), B, T) if packed else None
   options = dict(use_qk_l2norm=True, segment_ids=ids)

@@ -24,7 +24,7 @@ from sdm_jax.testing.lowering import TRITON_CALL, equations, lower_for_h200
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size, decay):
   """decay "head": G [B, T, H] and exp(G_C) [B, N, H], one decay per head (GDN); per channel also with a lower bound
-  on g (gram_solve's and pair_bwd's one dot per gram)."""
+  on g (gram_solve's and pair_bwd's two dots per gram at the lowest bound, one at half of it)."""
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   N = T // chunk_size
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
@@ -43,11 +43,12 @@ def test_forward_with_residuals_and_backward_lower_for_cuda(dtype, chunk_size, d
        (key, key, key, value, spec(B, T, H, *per, d=f32), spec(B, T, H, V, d=f32), spec(B, T, H, chunk_size, d=f32),
         states, states, value, spec(B, T, H, V, d=f32)), 2),
   ]
-  if decay == "channel":
-    bounded = dict(lower_bound=lowest_bound(chunk_size), **kw)
+  for lower_bound in (lowest_bound(chunk_size), lowest_bound(chunk_size) / 2) if decay == "channel" else ():
+    bounded = dict(lower_bound=lower_bound, **kw)
     kernels += [
-        (lambda q, u, e, z, G: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **bounded), kernels[0][1], 2),
-        (lambda *a: intra_chunk_bwd(*a, scale=0.1, **bounded), kernels[3][1], 2)]
+        (lambda q, u, e, z, G, bounded=bounded: intra_chunk(q, (u, z, e), G, save_inverse=True, scale=0.1, **bounded),
+         kernels[0][1], 2),
+        (lambda *a, bounded=bounded: intra_chunk_bwd(*a, scale=0.1, **bounded), kernels[3][1], 2)]
   for fn, args, launches in kernels:
     assert lower_for_h200(fn, *args).count(TRITON_CALL) == launches
 

@@ -29,7 +29,7 @@ def _inputs(seed, B, T, H, K, V, decay, gate):
 
 @pytest.mark.parametrize("decay,gate,chunk_size,seed", [
     (0.01, "rand", 64, 0), (1.0, "rand", 32, 1), (30.0, "rand", 64, 2), (1.0, "zero", 16, 3), (0.1, "one", 64, 4),
-    # With lower_bound, the lowest the chunk size takes, gram_solve forms each gram in one dot: g at the bound
+    # With lower_bound, the lowest the chunk size takes, gram_solve forms each gram in two dots: g at the bound
     # everywhere, or mixed between it and 0.
     ("at bound", "rand", 16, 5), ("above bound", "rand", 32, 6), ("at bound", "rand", 32, 7),
 ])
@@ -57,12 +57,12 @@ def test_forward_matches_scan(decay, gate, chunk_size, seed):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_lowers_for_cuda(dtype, chunk_size):
-  """Also with lower_bound, whose gram_solve forms each gram in one dot."""
+  """Also with lower_bound, whose gram_solve forms each gram in two dots (the lowest bound) or one (half of it)."""
   B, T, H, K, V = 1, 2 * chunk_size, 2, 128, 64
   spec = lambda *shape, d=dtype: jax.ShapeDtypeStruct(shape, d)
   args = (spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, K), spec(B, T, H, V), spec(B, T, H, K, d=jnp.float32),
           spec(B, H, K, V, d=jnp.float32))
-  for lower_bound in (None, lowest_bound(chunk_size)):
+  for lower_bound in (None, lowest_bound(chunk_size), lowest_bound(chunk_size) / 2):
     text = lower_for_h200(lambda *a: delta_rule_fwd(*a, scale=0.1, chunk_size=chunk_size, lower_bound=lower_bound),
                           *args)
     assert text.count(TRITON_CALL) == 4  # chunk_cumsum, gram_solve, solved, state_pass
