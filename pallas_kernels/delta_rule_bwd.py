@@ -52,7 +52,7 @@ def _state_pass_bwd_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, 
     dstates_ref[n] = d_state.astype(dstates_ref.dtype)
     d_o = do_ref[t, :]
     d_r = sdot(Aqk_ref[t, :].T, d_o) + sdot(u_decayed_ref[t, :], d_state)
-    dr_ref[t, :] = d_r
+    dr_ref[t, :] = d_r.astype(dr_ref.dtype)
     return chunk_decay(decay_last_ref, n) * d_state + sdot(q_decayed_ref[t, :].T, d_o) - sdot(Y_ref[t, :].T, d_r)
 
   dh0_ref[...] = jax.lax.fori_loop(0, num_chunks, chunk, dht_ref[...].astype(f32))
@@ -66,8 +66,8 @@ class StatePassBwdSettings(StatePassSettings):
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "settings", "interpret"))
 def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, interpret=False):
-  """Returns dR [B, T, H, V] fp32, d initial state [B, H, K, V] fp32 and the dS leaving every chunk
-  [B, H, N, K, V] in `saved_state_dtype` (bf16 for bf16 io; carried in fp32, rounded as it is stored). chunks: the
+  """Returns dR [B, T, H, V], d initial state [B, H, K, V] fp32 and the dS leaving every chunk [B, H, N, K, V],
+  dR and dS in `saved_state_dtype` (bf16 for bf16 io; dS carried in fp32, rounded as it is stored). chunks: the
   `ChunkTensors` from `intra_chunk` (reads q_decayed, u_decayed, decay_last, Y and Aqk); d_o [B, T, H, V] in the io
   dtype, d_final_state [B, H, K, V] fp32. settings: `StatePassBwdSettings` (None: its rule for these shapes)."""
   c = chunks
@@ -81,7 +81,8 @@ def state_pass_bwd(chunks, d_o, d_final_state, *, chunk_size, settings=None, int
   return pl.pallas_call(
       functools.partial(_state_pass_bwd_kernel, chunk_size=chunk_size, num_chunks=N,
                         sdot=state_dot(c.Y.dtype, interpret)),
-      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
+      out_shape=(jax.ShapeDtypeStruct((B, T, H, V), saved_state_dtype(c.Y.dtype)),
+                 jax.ShapeDtypeStruct((B, H, K, V), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, N, K, V), saved_state_dtype(c.Y.dtype))),
       grid=(B, H, V // block_v),
       in_specs=[seq_spec(T, K)] * 2 + [decays_spec(c, N), seq_spec(T, K), seq_spec(T, chunk_size),
@@ -285,12 +286,12 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   """Returns (dq, du, de [B, T, H, K], dz [B, T, H, V] in the io dtype, dg [B, T, H, K] fp32).
 
   G: `chunk_cumsum(g)`, [B, T, H, K], or [B, T, H] with one decay per head (then dg is [B, T, H]); A: the inverse from
-  `intra_chunk`; r = R [B, T, H, V]; states, d_states [B, H, N, K, V]: the state entering and the gradient of the
-  state leaving each chunk, in the dtype `state_pass` and `state_pass_bwd` store them in (`saved_state_dtype`: bf16
-  under bf16 io); d_o [B, T, H, V]; d_r [B, T, H, V] fp32 from `state_pass_bwd`; documents: None, or the [B, T] int32
-  the forward's `intra_chunk` read (packed sequences); lower_bound: the one the forward's `intra_chunk` took (pass 4
-  then differentiates its one or two dots per gram). dg is the gradient with respect to the g the forward's cumsum G
-  summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
+  `intra_chunk`; r = R [B, T, H, V] and d_r = dR [B, T, H, V]; states, d_states [B, H, N, K, V]: the state entering
+  and the gradient of the state leaving each chunk; R, dR, states and d_states in the dtype `state_pass` and
+  `state_pass_bwd` store them in (`saved_state_dtype`: bf16 under bf16 io); d_o [B, T, H, V]; documents: None, or the
+  [B, T] int32 the forward's `intra_chunk` read (packed sequences); lower_bound: the one the forward's `intra_chunk`
+  took (pass 4 then differentiates its one or two dots per gram). dg is the gradient with respect to the g the
+  forward's cumsum G summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
   settings: `IntraChunkBwdSettings` (None: its defaults at chunk_size).
   """

@@ -259,9 +259,9 @@ def state_dot(io_dtype, interpret):
 
 
 def saved_state_dtype(io_dtype):
-  """The dtype the backward stores every chunk's state and its gradient in ([B, H, N, K, V]): bf16 where the io
-  products take bf16 operands (`chunk_math.precisions`), since every dot that reads them rounds them to bf16 anyway;
-  fp32 otherwise. The carried state inside the passes is fp32 either way."""
+  """The dtype the backward stores every chunk's state and its gradient ([B, H, N, K, V]), R and dR ([B, T, H, V])
+  in: bf16 where the io products take bf16 operands (`chunk_math.precisions`), since every dot that reads them rounds
+  them to bf16 anyway; fp32 otherwise. The carried state inside the passes is fp32 either way."""
   bf16 = cm.precisions(io_dtype, interpret=False).io == cm.BF16_OPERANDS
   return jnp.dtype(jnp.bfloat16 if bf16 else jnp.float32)
 
@@ -277,7 +277,7 @@ def _state_pass_kernel(q_decayed_ref, u_decayed_ref, decay_last_ref, Y_ref, U_re
       saved_refs[0][n] = state.astype(saved_refs[0].dtype)
     R = U_ref[t, :].astype(f32) - sdot(Y_ref[t, :], state)
     if saved_refs:
-      saved_refs[1][t, :] = R
+      saved_refs[1][t, :] = R.astype(saved_refs[1].dtype)
     o_ref[t, :] = (sdot(q_decayed_ref[t, :], state) + sdot(Aqk_ref[t, :], R)).astype(o_ref.dtype)
     return chunk_decay(decay_last_ref, n) * state + sdot(u_decayed_ref[t, :].T, R)
 
@@ -532,7 +532,8 @@ def check_block_v(settings, V):
 def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings=None, interpret=False):
   """Sequential over chunks, reading the `ChunkTensors` from `intra_chunk` but A: o [B, T, H, V] in U's dtype,
   the final state [B, H, K, V] fp32, and with save_states the state entering each chunk [B, H, N, K, V] in
-  `saved_state_dtype` (bf16 for bf16 io; carried in fp32, rounded as it is stored) and R = U - Y S [B, T, H, V] fp32.
+  `saved_state_dtype` (bf16 for bf16 io; carried in fp32, rounded as it is stored) and R = U - Y S [B, T, H, V] in
+  that dtype too.
   settings: `StatePassSettings` (None: its rule for these shapes)."""
   c = chunks
   B, T, H, K = c.q_decayed.shape
@@ -546,7 +547,7 @@ def state_pass(chunks, initial_state, *, chunk_size, save_states=False, settings
   out_specs = [seq_spec(T, V, block_v), state_spec(K, block_v)]
   if save_states:
     out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), saved_state_dtype(io)),
-                  jax.ShapeDtypeStruct((B, T, H, V), jnp.float32)]
+                  jax.ShapeDtypeStruct((B, T, H, V), saved_state_dtype(io))]
     out_specs += [states_spec(N, K, block_v), seq_spec(T, V, block_v)]
   return pl.pallas_call(
       functools.partial(_state_pass_kernel, chunk_size=chunk_size, num_chunks=N, sdot=state_dot(io, interpret)),

@@ -6,7 +6,7 @@ forward writes q, u, e, z once (`mixer_inputs`) and saves for `pallas_kernels.de
 then intra_chunk_bwd) the `Residuals`: the padded q, u, e, z, G (the chunk cumsum of g, which every kernel reads),
 the `ChunkTensors` with the fp32 inverse A, and the initial state; the backward runs the state pass again for the
 state entering every chunk and R = U - Y S (saving them would hold 0.4 GiB per layer at 4 x 4096 with bf16 io); the
-chunk states and their gradients are stored in bf16 under bf16 io (`delta_rule_fwd.saved_state_dtype`); the
+chunk states, R and their gradients are stored in bf16 under bf16 io (`delta_rule_fwd.saved_state_dtype`); the
 gradients then go through the forming of q, u, e, z by autodiff of `inputs.reference_inputs`.
 """
 

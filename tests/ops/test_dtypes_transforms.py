@@ -49,8 +49,8 @@ def test_bf16_matches_fp32_scan(mixer, impl):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("mixer", ["kda", "gdn"])  # a decay per channel, one per head
 def test_pallas_backward_moves_the_chunk_states_in_bf16_under_bf16_inputs(mixer, dtype):
-  """impl="pallas"'s backward: the replayed state pass writes the state entering every chunk, state_pass_bwd every
-  chunk's dS, and intra_chunk_bwd reads both ([B, H, N, K, V]), all in bf16 for bf16 inputs and fp32 for fp32 ones
+  """impl="pallas"'s backward: the replayed state pass writes the state entering every chunk and R, state_pass_bwd
+  every chunk's dS and dR, and intra_chunk_bwd reads them, all in bf16 for bf16 inputs and fp32 for fp32 ones
   (DESIGN.md section 2), as the launches of the traced gradient receive and return them."""
   T, C = 64, 16
   inputs = cast(_inputs(mixer, T, seed_of("states", mixer)), dtype)
@@ -69,9 +69,11 @@ def test_pallas_backward_moves_the_chunk_states_in_bf16_under_bf16_inputs(mixer,
   chunk_states = lambda avals: [x.dtype for x in avals if x.shape == states_shape]
   saving = [returned for _, returned in launches["delta_rule_state_pass"] if chunk_states(returned)]
   assert len(saving) == 1 and chunk_states(saving[0]) == [dtype]
-  (_, returned), = launches["delta_rule_state_pass_bwd"]
+  (_, returned_bwd), = launches["delta_rule_state_pass_bwd"]
   (received, _), = launches["delta_rule_intra_chunk_bwd"]
-  assert chunk_states(returned) == [dtype] and chunk_states(received) == [dtype, dtype]
+  assert chunk_states(returned_bwd) == [dtype] and chunk_states(received) == [dtype, dtype]
+  # R (the saving state pass's last result) and dR (state_pass_bwd's first), read only by bf16-operand dots.
+  assert saving[0][-1].dtype == dtype and returned_bwd[0].dtype == dtype
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
