@@ -91,6 +91,18 @@ def launches(mixer, B, T, H, K, chunk_size):
   return out, len(calls), len(captured)
 
 
+def breakdown_entry(results, mixer, B, T, chunk_size, where):
+  """The one result of an ops record these floors describe: the mixer's unbounded impl="pallas" op at B x T and
+  chunk_size, with its CUPTI breakdown (a record also holds the bounded op, other shapes and chunk sizes)."""
+  found = [e for e in results if e.get("mixer") == mixer and e.get("impl") == "pallas" and e.get("B") == B
+           and e.get("T") == T and e.get("chunk_size") == chunk_size and e.get("lower_bound") is None
+           and e.get("kernels_fwd_bwd")]
+  if len(found) != 1:
+    raise SystemExit(f"kernel_floors.py: --breakdown={where}: expected one unbounded {mixer} pallas result at "
+                     f"{B}x{T}, chunk {chunk_size}, with a breakdown; found {len(found)}")
+  return found[0]
+
+
 def main():
   from sdm_jax.tables import Column, table
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -109,11 +121,11 @@ def main():
     totals[name][1] += flops * grid
   measured = {}
   if args.breakdown:
-    for entry in json.loads(Path(args.breakdown).read_text())["results"]:
-      if entry.get("mixer") == args.mixer and entry.get("impl") == "pallas":
-        for kernel, ms in entry["kernels_fwd_bwd"]["top"]:
-          name = re.sub(r"__\d+$", "", kernel)  # XLA numbers a second launch of one kernel
-          measured[name] = measured.get(name, 0) + ms
+    results = json.loads(Path(args.breakdown).read_text())["results"]
+    entry = breakdown_entry(results, args.mixer, B, T, args.chunk_size, args.breakdown)
+    for kernel, ms in entry["kernels_fwd_bwd"]["top"]:
+      name = re.sub(r"__\d+$", "", kernel)  # XLA numbers a second launch of one kernel
+      measured[name] = measured.get(name, 0) + ms
   print(f"{args.mixer} {args.shape} H {args.heads} K=V {args.head_dim} C {args.chunk_size}: {n_calls} launches")
   rows = []
   for name, (moved, flops) in sorted(totals.items(), key=lambda kv: -measured.get(kv[0], 0)):

@@ -42,3 +42,16 @@ def test_the_ops_launches_with_their_bytes():
   # chunk_cumsum reads g [B, T, H, K] fp32 and writes its cumsum: at least both, once.
   assert moved["delta_rule_chunk_cumsum"] >= 2 * B * T * H * K * 4
   assert all(flops >= 0 for *_, flops in rows) and any(flops > 0 for *_, flops in rows)
+
+
+def test_the_breakdown_is_the_unbounded_pallas_op_at_the_shape_and_chunk_size():
+  """An ops record also holds the bounded op, other impls, shapes and chunk sizes: the floors pair with one result."""
+  top = {"top": [["delta_rule_pair_bwd", 1.0]]}
+  base = dict(mixer="kda", impl="pallas", B=4, T=4096, chunk_size=32, lower_bound=None, kernels_fwd_bwd=top)
+  results = [base, {**base, "lower_bound": -5.0}, {**base, "chunk_size": 64}, {**base, "T": 2048},
+             {**base, "impl": "chunk"}, {**base, "mixer": "gdn2"}]
+  assert kernel_floors.breakdown_entry(results, "kda", 4, 4096, 32, "r.json") is base
+  with pytest.raises(SystemExit, match="expected one unbounded kda pallas result at 4x4096, chunk 16"):
+    kernel_floors.breakdown_entry(results, "kda", 4, 4096, 16, "r.json")
+  with pytest.raises(SystemExit, match="found 2"):
+    kernel_floors.breakdown_entry(results + [base], "kda", 4, 4096, 32, "r.json")
