@@ -46,10 +46,14 @@ import traceback
 
 from sdm_jax import jsonio  # plain Python: this process still imports no jax
 
+# name: (fla config class, model class, config options beyond the shape). kda_safe_gate is KDA with fla's bounded
+# decay (every layer's gate lower_bound * sigmoid(...), its kernels in safe_gate mode at fla's recommended bound),
+# the peer of ours with model.delta.lower_bound=-5.
 MODELS = {
-    "kda": ("KDAConfig", "KDAForCausalLM"),
-    "gdn": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
-    "attention": ("TransformerConfig", "TransformerForCausalLM"),
+    "kda": ("KDAConfig", "KDAForCausalLM", {}),
+    "kda_safe_gate": ("KDAConfig", "KDAForCausalLM", {"safe_gate": True, "lower_bound": -5.0}),
+    "gdn": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", {}),
+    "attention": ("TransformerConfig", "TransformerForCausalLM", {}),
 }
 LEARNING_RATE, BETAS, WEIGHT_DECAY, CLIP_NORM = 1e-4, (0.9, 0.95), 0.1, 1.0
 
@@ -73,7 +77,7 @@ def peer_kwargs(model, num_layers, width, num_heads, head_dim, mlp_hidden, vocab
                        f"so head_dim must be {width // num_heads if num_heads else '?'}, got {head_dim}")
   else:
     kwargs.update(head_dim=head_dim, expand_v=1.0)
-  return MODELS[model][0], kwargs
+  return MODELS[model][0], {**kwargs, **MODELS[model][2]}
 
 
 def _log(start, message):
@@ -108,7 +112,7 @@ def _build(model, kwargs, seed):
     raise RuntimeError("fla 0.6.0's Attention (fla/layers/attn.py) needs the flash_attn package, which is not "
                        "installed; its constructor raises ImportError without it")
   import fla.models
-  config_name, model_name = MODELS[model]
+  config_name, model_name, _ = MODELS[model]
   config = getattr(fla.models, config_name)(**kwargs)
   torch.manual_seed(seed)
   network = getattr(fla.models, model_name)(config).to(device="cuda", dtype=torch.float32)

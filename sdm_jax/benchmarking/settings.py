@@ -46,7 +46,8 @@ class OpsSettings:
 class TrainSettings:
   configs: tuple[str, ...] = _setting(("experiments/configs/paper.py:kda_ref",), "config files, path.py:variant")
   remat: tuple[str, ...] = _setting((), "remat policies to time for every config (empty: each config's own)")
-  peers: tuple[str, ...] = _setting(("kda",), "fla models timed at the first config's shape: kda, gdn, attention")
+  peers: tuple[str, ...] = _setting(("kda",), "fla models timed at the first config's shape: kda, kda_safe_gate, "
+                                    "gdn, attention")
   overrides: tuple[str, ...] = _setting((), "model.field=value or train.field=value, applied to every config")
   batch: Optional[int] = _setting(None, "B (none: the config's data.batch_size)")
   seq_len: Optional[int] = _setting(None, "T (none: the config's data.seq_len)")

@@ -20,6 +20,13 @@ def test_delta_rule_peers_get_the_shape_with_values_as_wide_as_keys(model, confi
   assert kwargs == dict(COMMON, head_dim=128, expand_v=1.0)
 
 
+def test_the_safe_gate_peer_is_kda_with_fla_s_bounded_decay_at_the_op_benchmark_s_bound():
+  from sdm_jax.benchmarking.fla_peer import PEER_MODES
+  name, kwargs = peer_train.peer_kwargs("kda_safe_gate", **SHAPE)
+  assert name == "KDAConfig" and peer_train.MODELS["kda_safe_gate"][1] == "KDAForCausalLM"
+  assert kwargs == dict(COMMON, head_dim=128, expand_v=1.0, **PEER_MODES["safe_gate"])
+
+
 def test_attention_peer_takes_head_dim_from_width():
   name, kwargs = peer_train.peer_kwargs("attention", **SHAPE)
   assert name == "TransformerConfig"
