@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.chunk_math import check_lower_bound
 from pallas_kernels.delta_rule_bwd import IntraChunkBwdSettings, StatePassBwdSettings, intra_chunk_bwd, state_pass_bwd
 from pallas_kernels.delta_rule_fwd import (ChunkCumsumSettings, IntraChunkSettings, StatePassSettings, chunk_cumsum,
                                            intra_chunk, state_pass)
@@ -57,10 +58,12 @@ BANDWIDTH = 4.8e12
 
 
 class Point(NamedTuple):
-  """One measured point: mixer, the dense mixer whose inputs a dense kernel gets (None for the others), and shape,
-  the `pallas_kernels.launch.Shape` the inputs are made at and the launch rules read."""
+  """One measured point: mixer, the dense mixer whose inputs a dense kernel gets (None for the others), shape,
+  the `pallas_kernels.launch.Shape` the inputs are made at and the launch rules read, and lower_bound: None, or the
+  bound the per-chunk kernels are given (the op's lower_bound), g clipped there."""
   mixer: Optional[str]
   shape: Shape
+  lower_bound: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +110,9 @@ def _mixer_arrays(point, seed, made):
     s, spec = point.shape, ops.MIXERS[point.mixer]
     _, args = make_op_inputs(point.mixer, s.B, s.T, s.H, s.K, s.V, s.dtype, seed, initial_state=False)
     raw = (args["q"], args["k"], args["v"], *[args[name] for name, _ in spec.gates])
+    g = args["g"].astype(jnp.float32)
     return {"raw": raw, "formed": reference_inputs(spec.build, True, jnp.dtype(s.dtype), *raw),
-            "g": args["g"].astype(jnp.float32)}
+            "g": g if point.lower_bound is None else jnp.maximum(g, point.lower_bound)}
   return _once(made, ("mixer", seed), make)
 
 
@@ -153,9 +157,9 @@ def _chunk_inputs(point, seed, made):
 
 def _chunk_kernel(kernel, *, scaled=False, **options):
   """run of a per-chunk or state-pass kernel: kernel(**inputs) at the point's chunk size (scaled: and the op's scale,
-  K^-1/2)."""
+  K^-1/2, and lower_bound, the point's: the kernels that form the grams)."""
   def run(point, settings, interpret, **variant):
-    scale = {"scale": point.shape.K**-0.5} if scaled else {}
+    scale = {"scale": point.shape.K**-0.5, "lower_bound": point.lower_bound} if scaled else {}
     return functools.partial(kernel, chunk_size=point.shape.chunk_size, settings=settings, interpret=interpret,
                              **scale, **options, **variant)
   return run
@@ -303,8 +307,10 @@ def time_kernel(name, point, made, *, grid=None, candidates=False, reps=10, log=
   """The records of the kernel `name` of KERNELS at point: its reference, then each variant at each launch."""
   entry, s = KERNELS[name], point.shape
   interpret = _interpret()
-  where = " ".join(str(x) for x in (point.mixer, f"{s.B}x{s.T}", s.chunk_size and f"C={s.chunk_size}") if x)
-  base = {"mixer": point.mixer, "B": s.B, "T": s.T, "H": s.H, "K": s.K, "chunk_size": s.chunk_size}
+  where = " ".join(str(x) for x in (point.mixer, f"{s.B}x{s.T}", s.chunk_size and f"C={s.chunk_size}",
+                                    point.lower_bound and f"lower_bound={point.lower_bound:g}") if x)
+  base = {"mixer": point.mixer, "B": s.B, "T": s.T, "H": s.H, "K": s.K, "chunk_size": s.chunk_size,
+          "lower_bound": point.lower_bound}
   records = []
 
   def record(kernel, launch, settings=None, **fields):
@@ -348,8 +354,11 @@ COLUMNS = (Column("mixer", "mixer"), Column("B x T", lambda r: f"{r['B']}x{r['T'
 
 
 def format_table(records):
-  """A markdown table: one row per (mixer, shape, chunk size, kernel, launch)."""
-  return table(COLUMNS, records)
+  """A markdown table: one row per (mixer, shape, chunk size, kernel, launch), the lower bound beside the chunk size
+  where a record has one."""
+  bounded = any(r.get("lower_bound") is not None for r in records)
+  columns = COLUMNS[:3] + (Column("lower bound", "lower_bound", "g"),) + COLUMNS[3:] if bounded else COLUMNS
+  return table(columns, records)
 
 
 def _parts(settings):
@@ -370,6 +379,13 @@ def check_settings(settings):
     raise ValueError(f"num_slots: expected a perfect square (product-key addressing), got {s.num_slots}")
   if s.topk < 16 or s.topk & (s.topk - 1) or s.topk > s.num_slots:
     raise ValueError(f"topk: expected a power of two >= 16 (Triton blocks) and at most num_slots, got {s.topk}")
+  if s.lower_bound is not None:
+    per_head = [m for m in s.mixers if ops.MIXERS[m].decay == "head"]
+    if per_head:
+      raise ValueError(f"lower_bound: bounds a per-channel decay, expected mixers without {per_head} (one decay "
+                       f"per head)")
+    for C in s.chunk_sizes:
+      check_lower_bound(s.lower_bound, C)
   for B, T in parse_shapes(",".join(s.shapes)):
     bad = [C for C in s.chunk_sizes if T % C]
     if bad:
@@ -394,7 +410,8 @@ def points(settings):
   for B, T in parse_shapes(",".join(s.shapes)):
     shape = Shape(B=B, T=T, H=s.heads, K=s.head_dim, V=s.head_dim, dtype=s.dtype, N=s.num_slots, W=s.topk)
     if dense:
-      out += [(Point(mixer, shape._replace(chunk_size=C)), dense) for mixer in s.mixers for C in s.chunk_sizes]
+      out += [(Point(mixer, shape._replace(chunk_size=C), s.lower_bound), dense) for mixer in s.mixers
+              for C in s.chunk_sizes]
     if others:
       out.append((Point(None, shape), others))
   return out

@@ -150,6 +150,8 @@ class KernelsSettings:
   grid: dict[str, tuple[int, ...]] = _setting(
       {}, "launch settings to sweep, grid.<kernel>.<field>=v1,v2 (their product; the rest keep their defaults)")
   reps: int = _setting(10, "warm runs per timing (median)")
+  lower_bound: Optional[float] = _setting(None, "the dense per-chunk kernels given this lower_bound (the op's; g "
+                                          "clipped there; per-channel mixers only)")
 
 
 def _parse(name, text, hint):

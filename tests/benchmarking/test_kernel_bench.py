@@ -112,12 +112,26 @@ def test_every_kernel_modules_settings_are_timed():
   assert listed == {entry.settings for entry in KERNELS.values()}
 
 
+def test_a_lower_bound_reaches_the_gram_kernels_and_clips_g(tmp_path):
+  point = kernel_bench.Point("kda", kernel_bench.Shape(B=1, T=16, H=1, K=16, V=16, dtype="float32", chunk_size=16),
+                             -1.0)
+  for name in ("intra_chunk", "intra_chunk_bwd"):
+    assert KERNELS[name].run(point, None, True).keywords["lower_bound"] == -1.0
+  assert float(jnp.min(kernel_bench._cumsum_inputs(point, 0, {})["g"])) == -1.0  # the draw goes below -1
+  records, markdown = _run(tmp_path, ["mixers=kda", "parts=intra_chunk", "chunk_sizes=16", "head_dim=16", "heads=1",
+                                      "dtype=float32", "lower_bound=-5"])
+  assert [(r["lower_bound"], r["error"]) for r in records] == [(-5.0, None)]
+  assert "| -5 |" in markdown
+
+
 @pytest.mark.parametrize("override,message", [
     ("parts=state_pas", r"parts: expected some of \('mixer_inputs', .* \(none: all\), got \['state_pas'\]"),
     ("num_slots=1000", "num_slots: expected a perfect square"),
     ("topk=8", "topk: expected a power of two >= 16"),
+    ("mixers=gdn lower_bound=-1", r"lower_bound: bounds a per-channel decay, expected mixers without \['gdn'\]"),
+    ("lower_bound=-50", r"lower_bound: expected None or a number in \[-5, 0\) at chunk size 32"),
     ("grid.sparse_tokens_fwd.warps=4", r"expected a field of sparse_tokens_fwd's settings \('block_v', 'num_warps'\)"),
 ])
 def test_bad_settings_are_named(override, message):
   with pytest.raises(ConfigError, match=message):
-    registry.check("kernels", [override])
+    registry.check("kernels", override.split())
