@@ -259,12 +259,13 @@ class IntraChunkBwdSettings:
   def defaults(cls, shape):
     """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
     takes chunk 32's, untimed."""
-    # Key blocks, warps, stages and sub-blocks from the H200 sweeps; value_block not swept; the one-decay pass 4
-    # takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md, launch settings).
+    # Warps, stages and sub-blocks from the H200 sweeps, key and value blocks at chunk <= 32 from the H100's; the
+    # one-decay pass 4 takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md, launch
+    # settings).
     chunk_size, = require(shape, cls.__name__, "chunk_size")
-    warps = 2 if chunk_size <= 32 else 4
-    return cls(key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps,
-               sub_block=4)
+    small = chunk_size <= 32
+    return cls(key_block=16 if small else 32, value_block=64 if small else 32, num_warps=2 if small else 4,
+               num_stages=2, pair_key_block=32, pair_warps=2 if small else 4, sub_block=4)
 
   @classmethod
   def candidates(cls, shape):

@@ -352,8 +352,9 @@ def chunk_row_spec(K=None):
 class IntraChunkSettings:
   """Launch settings of `intra_chunk`. gram_solve: key_block key channels per step (its [C, key_block] tiles stay
   in registers), the pairs inside blocks of sub_block rows formed elementwise (`chunk_math`), num_warps warps and
-  num_stages Triton pipelining stages of its channel-block loop. solved: solve_key_block / solve_value_block
-  channels per step, solve_warps warps, solve_stages stages. A block wider than K or V takes all of it."""
+  num_stages Triton pipelining stages of its channel-block loop (bounded_stages with a lower_bound, whose grams are
+  one or two dots a block). solved: solve_key_block / solve_value_block channels per step, solve_warps warps,
+  solve_stages stages. A block wider than K or V takes all of it."""
   key_block: int
   sub_block: int
   num_warps: int
@@ -362,19 +363,22 @@ class IntraChunkSettings:
   solve_warps: int
   num_stages: int
   solve_stages: int
+  bounded_stages: int
 
   @classmethod
   def defaults(cls, shape):
     """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
     takes chunk 32's, untimed."""
-    # Key blocks, sub-blocks, warps and stages from the H200 sweeps (benchmarks/ops/README.md, launch settings).
+    # Key blocks, sub-blocks, warps and stages from the H200 sweeps; bounded_stages from the H100's at chunk 32
+    # (benchmarks/ops/README.md, launch settings).
     chunk_size, = require(shape, cls.__name__, "chunk_size")
     return cls(key_block=32, sub_block=4, num_warps=2 if chunk_size <= 32 else 4, solve_key_block=64,
-               solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2)
+               solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2, bounded_stages=2)
 
   @classmethod
   def candidates(cls, shape):
     return one_at_a_time(cls, shape, key_block=(16, 64), sub_block=(2, 8), num_warps=(2, 4, 8), num_stages=(2,),
+                         bounded_stages=(1, 3),
                          solve_key_block=(32,), solve_value_block=(32,), solve_warps=(8,), solve_stages=(1, 3))
 
 
@@ -429,7 +433,8 @@ def intra_chunk(q, arrays, G, *, scale, chunk_size, form=FORMED, io_dtype=None, 
                         interpret=interpret),
       out_shape=(jax.ShapeDtypeStruct((B, T, H, C), jnp.float32), jax.ShapeDtypeStruct((B, T, H, C), io_dtype)),
       grid=grid, in_specs=[chunk_spec(C, K), chunk_spec(C, decays)] + specs, out_specs=(chunk_spec(C, C),) * 2,
-      compiler_params=params(s.num_warps, s.num_stages), interpret=interpret,
+      compiler_params=params(s.num_warps, s.num_stages if bounded_block is None else s.bounded_stages),
+      interpret=interpret,
       name="delta_rule_gram_solve")(q, G, *arrays)
   Y, U, q_decayed, u_decayed, decay_last = pl.pallas_call(
       functools.partial(_solved_kernel, form=form, scale=scale, key_block=s.solve_key_block,

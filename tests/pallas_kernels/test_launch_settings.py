@@ -86,14 +86,15 @@ def test_a_rule_names_the_size_it_needs():
     ProductKeySettings.defaults(None)
 
 
-@pytest.mark.parametrize("chunk_size,warps", [(32, 2), (64, 4)])
-def test_per_chunk_kernels(chunk_size, warps):
+@pytest.mark.parametrize("chunk_size,warps,key_block,value_block", [(32, 2, 16, 64), (64, 4, 32, 32)])
+def test_per_chunk_kernels(chunk_size, warps, key_block, value_block):
   shape = Shape(B, T, H, K, V, "bfloat16", chunk_size)
   assert IntraChunkSettings.defaults(shape) == IntraChunkSettings(
       key_block=32, sub_block=4, num_warps=warps, solve_key_block=64, solve_value_block=64, solve_warps=4,
-      num_stages=1, solve_stages=2)
+      num_stages=1, solve_stages=2, bounded_stages=2)
   assert IntraChunkBwdSettings.defaults(shape) == IntraChunkBwdSettings(
-      key_block=32, value_block=32, num_warps=warps, num_stages=2, pair_key_block=32, pair_warps=warps, sub_block=4)
+      key_block=key_block, value_block=value_block, num_warps=warps, num_stages=2, pair_key_block=32,
+      pair_warps=warps, sub_block=4)
 
 
 @pytest.mark.parametrize("chunk_size,dtype,stages", [
