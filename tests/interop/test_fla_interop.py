@@ -33,6 +33,18 @@ def test_a_layer_loaded_from_fla_gives_fla_s_output(kind):
   assert relative_error(y, io["y"]) <= 1e-4
 
 
+@pytest.mark.parametrize("impl", ["chunk", "pallas"])
+def test_kda_s_safe_gate_layer_loaded_from_fla_gives_fla_s_output(impl):
+  # fla's KimiDeltaAttention(safe_gate=True, lower_bound=-5): its gate lower_bound * sigmoid(...), and the op told
+  # the bound (pallas then forms its grams in the bounded way).
+  io = load_file(GOLDEN / "layer_kda_safe_gate_io.safetensors")
+  layer = fla_layer("kda", GOLDEN / "layer_kda_safe_gate.safetensors", **LAYER_SHAPE, lower_bound=-5.0, impl=impl)
+  y = nnx.jit(lambda layer, x: layer(x))(layer, jnp.asarray(io["x"]))
+  assert relative_error(y, io["y"]) <= 1e-4
+  plain = fla_layer("kda", GOLDEN / "layer_kda_safe_gate.safetensors", **LAYER_SHAPE, impl=impl)
+  assert relative_error(nnx.jit(lambda layer, x: layer(x))(plain, jnp.asarray(io["x"])), io["y"]) > 1e-2
+
+
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_a_model_loaded_from_fla_gives_fla_s_logits(kind):
   io = load_file(GOLDEN / f"model_{kind}_io.safetensors")
