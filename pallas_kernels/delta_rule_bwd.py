@@ -11,10 +11,10 @@ Three launches, the forward's in reverse:
                   the WY inverse (dT = -A^T dA A^T, the channel gates inside dA) and dAqk = dO R^T.
                   Writes dz, dT and dAqk, and the terms of dq, du, de (fp32 `parts`) and of dg so far.
   pair_bwd        grid (B, H, N, K / key block), pass 4: the decayed Gram matrices' gradients for one key
-                  block, added to those terms: dq, du, de and dg (in place); with a lower bound on g, those of
-                  the forward's one or two dots per gram (`chunk_math.levels`). With one decay per head (G and dg
-                  [B, T, H]) grid (B, H, N): plain dots with dT and dAqk times one [C, C] decay matrix, every key
-                  block in one program, since all of them add to the head's one dg.
+                  block, added to those terms: dq, du, de and dg (in place); with a lower bound on g and
+                  `bounded_pairs`, those of the forward's one or two dots per gram (`chunk_math.levels`). With
+                  one decay per head (G and dg [B, T, H]) grid (B, H, N): plain dots with dT and dAqk times one
+                  [C, C] decay matrix, every key block in one program, since all of them add to the head's one dg.
 Splitting pass 4 off is faster on the H200 than one launch (benchmarks/ops/README.md, launch settings).
 
 d/dg: every term is attributed to exactly the log decays it spans (pair terms through
@@ -246,7 +246,8 @@ class IntraChunkBwdSettings:
   num_warps warps, num_stages Triton pipelining stages of its channel-block loops. Pass 4 (pair_bwd): one key
   block of pair_key_block channels per program, pair_warps warps, the pairs inside blocks of sub_block rows
   formed elementwise (`chunk_math`); with one decay per head, one chunk per program, pair_key_block channels at a
-  time. A block wider than K or V takes all of it."""
+  time. bounded_pairs: given a lower_bound, pass 4 differentiates the forward's one or two dots per gram (True) or
+  the binary split's levels, the same function of g (False). A block wider than K or V takes all of it."""
   key_block: int
   value_block: int
   num_warps: int
@@ -254,23 +255,26 @@ class IntraChunkBwdSettings:
   pair_key_block: int
   pair_warps: int
   sub_block: int
+  bounded_pairs: bool
 
   @classmethod
   def defaults(cls, shape):
     """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
     takes chunk 32's, untimed."""
-    # Warps, stages and sub-blocks from the H200 sweeps, key and value blocks at chunk <= 32 from the H100's; the
-    # one-decay pass 4 takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md, launch
-    # settings).
+    # Warps, stages and sub-blocks from the H200 sweeps, key and value blocks at chunk <= 32 and bounded_pairs from
+    # the H100's (at -5 and chunk 32 the bounded grams are two dots and a level, slower to differentiate than the
+    # split); the one-decay pass 4 takes the per-channel one's key block and warps, untimed (benchmarks/ops/README.md,
+    # launch settings).
     chunk_size, = require(shape, cls.__name__, "chunk_size")
     small = chunk_size <= 32
     return cls(key_block=16 if small else 32, value_block=64 if small else 32, num_warps=2 if small else 4,
-               num_stages=2, pair_key_block=32, pair_warps=2 if small else 4, sub_block=4)
+               num_stages=2, pair_key_block=32, pair_warps=2 if small else 4, sub_block=4, bounded_pairs=False)
 
   @classmethod
   def candidates(cls, shape):
     return one_at_a_time(cls, shape, key_block=(16, 64), value_block=(16, 64), num_warps=(2, 4, 8),
-                         num_stages=(1, 3), pair_key_block=(16, 64), pair_warps=(2, 4, 8), sub_block=(2, 8))
+                         num_stages=(1, 3), pair_key_block=(16, 64), pair_warps=(2, 4, 8), sub_block=(2, 8),
+                         bounded_pairs=(True,))
 
 
 SETTINGS = (StatePassBwdSettings, IntraChunkBwdSettings)
@@ -291,8 +295,9 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   and the gradient of the state leaving each chunk; R, dR, states and d_states in the dtype `state_pass` and
   `state_pass_bwd` store them in (`saved_state_dtype`: bf16 under bf16 io); d_o [B, T, H, V]; documents: None, or the
   [B, T] int32 the forward's `intra_chunk` read (packed sequences); lower_bound: the one the forward's `intra_chunk`
-  took (pass 4 then differentiates its one or two dots per gram). dg is the gradient with respect to the g the
-  forward's cumsum G summed; at a document start that g has no effect, and the op's masking of it gives it exactly 0.
+  took (with settings.bounded_pairs pass 4 then differentiates its one or two dots per gram). dg is the gradient
+  with respect to the g the forward's cumsum G summed; at a document start that g has no effect, and the op's
+  masking of it gives it exactly 0.
   Two launches: passes 1 to 3 per chunk, then pass 4 per chunk and key block (per chunk with one decay per head).
   settings: `IntraChunkBwdSettings` (None: its defaults at chunk_size).
   """
@@ -302,7 +307,8 @@ def intra_chunk_bwd(q, u, e, z, G, r, A, states, d_states, d_o, d_r, *, scale, c
   C = chunk_size
   kb, pkb = min(s.key_block, K), min(s.pair_key_block, K)
   scalar_decay = G.ndim == 3
-  bounded_block = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)
+  bounded_block = cm.check_lower_bound(lower_bound, chunk_size, scalar_decay)  # the bound checked either way
+  bounded_block = bounded_block if s.bounded_pairs else None
   decays = None if scalar_decay else K
   dg_shape = jax.ShapeDtypeStruct(G.shape, jnp.float32)
   sq = pl.squeezed

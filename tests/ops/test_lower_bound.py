@@ -4,14 +4,20 @@ forms its decayed grams with one or two dots each and is held to the scan with t
 chunk 16 and 32, fp32 and bf16 inputs, packed documents, a loss of 1 and of 1e-6; the bound reaches both kernels that
 use it; the ValueErrors."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels.chunk_math import lowest_bound
+from pallas_kernels.delta_rule_bwd import IntraChunkBwdSettings, intra_chunk_bwd, state_pass_bwd
+from pallas_kernels.delta_rule_fwd import chunk_cumsum, intra_chunk, state_pass
+from pallas_kernels.launch import Shape
 from sdm_jax import ops
-from sdm_jax.testing.errors import TOLERANCES, assert_close, results
+from sdm_jax.ops.segments import chunk_documents
+from sdm_jax.testing.errors import TOLERANCES, assert_close, relative_error, results
 from sdm_jax.testing.inputs import cast, cotangents, make_inputs, seed_of, segment_ids
 from sdm_jax.testing.runs import call, loss, value_dim
 
@@ -112,8 +118,8 @@ def _loops(jaxpr):
 
 
 def test_the_bound_reaches_gram_solve_and_pair_bwd():
-  """With the bound neither the forward's gram_solve nor the backward's pair_bwd loops over the sub-blocks'
-  elementwise pairs: gram_solve keeps only its loop over key blocks, pair_bwd has none."""
+  """With the bound the forward's gram_solve does not loop over the sub-blocks' elementwise pairs (only over key
+  blocks); pair_bwd does unless its settings ask for the bounded pairs (bounded_pairs, not the default)."""
   inputs = make_inputs("kda", 1, 32, 1, K, K, 1.0, "random", seed_of("reach"))
   loops = {}
   for bound in (None, -1.0):
@@ -121,7 +127,39 @@ def test_the_bound_reaches_gram_solve_and_pair_bwd():
     programs = _kernel_programs(jax.grad(loss), inputs)
     loops[bound] = {name: _loops(programs[name]) for name in ("delta_rule_gram_solve", "delta_rule_pair_bwd")}
   assert loops == {None: {"delta_rule_gram_solve": 2, "delta_rule_pair_bwd": 1},
-                   -1.0: {"delta_rule_gram_solve": 1, "delta_rule_pair_bwd": 0}}
+                   -1.0: {"delta_rule_gram_solve": 1, "delta_rule_pair_bwd": 1}}
+
+
+@pytest.mark.parametrize("dtype, loss_scale", [(jnp.float32, 1e-6), (jnp.bfloat16, 1.0)])
+def test_pair_bwd_s_bounded_pairs_give_the_split_s_gradients(dtype, loss_scale):
+  """intra_chunk_bwd with settings.bounded_pairs (pass 4 differentiating the bounded dots) against its default
+  (the binary split), g between the lowest bound of chunk 32 and 0, packed, the cotangents scaled by loss_scale."""
+  C, B, T, H = 32, 1, 96, 2
+  shape = Shape(B=B, T=T, H=H, K=K, V=K, dtype=jnp.dtype(dtype).name, chunk_size=C)
+  bound = lowest_bound(C)
+  rng = np.random.default_rng(seed_of("bounded pairs"))
+  normal = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  q, u, z = normal(B, T, H, K), normal(B, T, H, K) / np.sqrt(K), normal(B, T, H, K)
+  e = u * jnp.asarray(rng.uniform(size=(B, T, H, 1)), jnp.float32)
+  g = jnp.asarray(rng.uniform(bound, 0.0, size=(B, T, H, K)), jnp.float32)
+  q, u, e, z = (x.astype(dtype) for x in (q, u, e, z))
+  documents = chunk_documents(jnp.zeros((B, T), bool).at[:, [7, C + 20]].set(True), C)
+  kw = dict(chunk_size=C, interpret=True)
+  G = chunk_cumsum(g, C, True)
+  chunks = intra_chunk(q, (u, z, e), G, scale=K**-0.5, save_inverse=True, lower_bound=bound, documents=documents,
+                       **kw)
+  _, _, states, r = state_pass(chunks, jnp.zeros((B, H, K, K), jnp.float32), save_states=True, **kw)
+  d_o = (loss_scale * normal(B, T, H, K)).astype(dtype)
+  d_r, _, d_states = state_pass_bwd(chunks, d_o, jnp.zeros((B, H, K, K), jnp.float32), **kw)
+  grads = {}
+  for bounded in (False, True):
+    settings = dataclasses.replace(IntraChunkBwdSettings.defaults(shape), bounded_pairs=bounded)
+    grads[bounded] = intra_chunk_bwd(q, u, e, z, G, r, chunks.A, states, d_states, d_o, d_r, scale=K**-0.5,
+                                     lower_bound=bound, documents=documents, settings=settings, **kw)
+  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2
+  for name, split, dots in zip(("dq", "du", "de", "dz", "dg"), grads[False], grads[True]):
+    assert relative_error(dots, split) <= tolerance, name
+  assert not np.array_equal(grads[False][4], grads[True][4])  # two computations: the setting reached pass 4
 
 
 def test_the_other_impls_take_the_bound_and_compute_the_same():

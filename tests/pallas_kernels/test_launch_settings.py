@@ -94,7 +94,7 @@ def test_per_chunk_kernels(chunk_size, warps, key_block, value_block):
       num_stages=1, solve_stages=2, bounded_stages=2)
   assert IntraChunkBwdSettings.defaults(shape) == IntraChunkBwdSettings(
       key_block=key_block, value_block=value_block, num_warps=warps, num_stages=2, pair_key_block=32,
-      pair_warps=warps, sub_block=4)
+      pair_warps=warps, sub_block=4, bounded_pairs=False)
 
 
 @pytest.mark.parametrize("chunk_size,dtype,stages", [
