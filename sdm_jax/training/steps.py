@@ -108,6 +108,39 @@ class TrainStep:
       self._synced = True
 
 
+@functools.lru_cache(maxsize=16)
+def _jitted_ensemble_step(graphdef, chunk_tokens, accumulation_steps):
+  return jax.jit(jax.vmap(functools.partial(_train_step, graphdef, chunk_tokens, accumulation_steps)),
+                 donate_argnums=0)
+
+
+class EnsembleStep(TrainStep):
+  """step(batches) -> metrics, each [M]: one optimizer step of each of M models of one structure (and their
+  optimizers), their arrays stacked on a leading axis and `_train_step` vmapped over it, so the M share every
+  launch. batches: {name: [M, B, ...]}, member i's batch at [i]. sync() writes member i's arrays into models[i] and
+  optimizers[i]. The step is the first member's: the optimizers must be built from one config (each holds its own
+  optax transformation, equal in what it computes, not in identity)."""
+
+  def __init__(self, models, optimizers, *, loss_chunk_tokens=LOSS_CHUNK_TOKENS, gradient_accumulation_steps=1):
+    self.models, self.optimizers = list(models), list(optimizers)
+    splits = [nnx.split(pair) for pair in zip(self.models, self.optimizers)]
+    graphdef = splits[0][0]
+    structure = jax.tree.structure(splits[0][1])
+    if any(nnx.split(model)[0] != nnx.split(self.models[0])[0] for model in self.models[1:]) or any(
+        jax.tree.structure(state) != structure for _, state in splits[1:]):
+      raise ValueError("models: expected models and optimizers of one structure (configs that differ in their seeds "
+                       "alone)")
+    self.state = jax.tree.map(lambda *arrays: jnp.stack(arrays), *[state for _, state in splits])
+    self._step = _jitted_ensemble_step(graphdef, loss_chunk_tokens, gradient_accumulation_steps)
+    self._synced = True
+
+  def sync(self):
+    if not self._synced:
+      for i, pair in enumerate(zip(self.models, self.optimizers)):
+        nnx.update(pair, jax.tree.map(lambda x, i=i: x[i], self.state))
+      self._synced = True
+
+
 def train_step(model, optimizer, batch, *, loss_chunk_tokens=LOSS_CHUNK_TOKENS, gradient_accumulation_steps=1):
   """One TrainStep call that leaves the result in model and optimizer (for one-off steps and tests)."""
   step = TrainStep(model, optimizer, loss_chunk_tokens=loss_chunk_tokens,
