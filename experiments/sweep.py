@@ -41,6 +41,8 @@ flags.DEFINE_boolean("summarize_only", False, "Train nothing: summarize the fini
 flags.DEFINE_boolean("dry_run", False, "Print the runs and their status, train nothing.")
 flags.DEFINE_boolean("in_process", False, "Run every run in this process (no start-up or compilation per run; "
                      "a crash ends the sweep) instead of one process each.")
+flags.DEFINE_boolean("ensemble", False, "With --in_process: the seeds of a grid point trained together, one vmapped "
+                     "step for all (sdm_jax/training/ensemble.py: small models that leave the device idle).")
 flags.DEFINE_string("out", None, "Path prefix of the summary (default: <first workdir>/summary).")
 flags.DEFINE_string("shard", "0/1", "i/n: run only the planned runs i, i + n, ... (n processes sharing one device, "
                     "each with its own shard; then --summarize_only over the workdir).")
@@ -73,7 +75,7 @@ def main(argv):
                      overrides=config_flags.get_override_values(FLAGS["config"]), grid=FLAGS.grid,
                      eval_grid=FLAGS.eval_grid, seeds=range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds),
                      workdir=FLAGS.workdir, eval_batches=FLAGS.eval_batches, dry_run=FLAGS.dry_run,
-                     in_process=FLAGS.in_process, out=FLAGS.out, shard=shard, log=log)
+                     in_process=FLAGS.in_process, ensemble=FLAGS.ensemble, out=FLAGS.out, shard=shard, log=log)
   except SweepInterrupted as error:
     command = shlex.join([sys.executable, "-m", "experiments.sweep", *sys.argv[1:]])
     print(f"{error}. Resume the sweep with:\n  {command}", file=sys.stderr, flush=True)

@@ -374,25 +374,58 @@ def in_process_runner(eval_batches=None):
   return run
 
 
-def run_sweep(runs, *, runner, log=print, workdir=None, description=None):
+def ensemble_trainer(eval_batches=None):
+  """together(runs, log) for `run_sweep`: trains the runs of one grid point that still need training in lockstep
+  (`ensemble.train_ensemble`), those resuming from one step together; a run left alone (the only one at its step)
+  or whose ensemble failed is left to the runner, and a run that diverged there is trained again by it, from its
+  last good checkpoint."""
+  def together(runs, log):
+    from sdm_jax.training.ensemble import train_ensemble
+    from sdm_jax.training.loop import TrainingInterrupted, final_step
+    by_step = {}
+    for run in runs:
+      prepare(run)
+      config = copy.deepcopy(run.config)
+      if eval_batches:
+        config.train.eval_batches = eval_batches
+      if final_step(run.directory, config.train) not in checkpoint_steps(run.directory):
+        by_step.setdefault((checkpoint_steps(run.directory) or [0])[-1], []).append((run, config))
+    for members in by_step.values():
+      if len(members) < 2:
+        continue
+      names = ", ".join(run.name for run, _ in members)
+      log(f"ensemble: {names} trained together")
+      try:
+        train_ensemble([config for _, config in members], [run.directory for run, _ in members],
+                       log=lambda line: log(f"  {line}"))
+      except TrainingInterrupted as error:
+        raise SweepInterrupted(str(error), error.signum) from None
+      except Exception as error:  # those runs are trained alone instead
+        log(f"ensemble of {names} failed ({type(error).__name__}: {error}); they run alone")
+  return together
+
+
+def run_sweep(runs, *, runner, log=print, workdir=None, description=None, together=None):
   """Runs every run that is not done, in order; returns {run name: 'done' | 'skipped' | 'failed: ...'}.
 
   runner(run_dir, log) trains and evaluates one prepared run directory (subprocess_runner, or in-process in tests)
-  and raises on failure; a failure is reported and the sweep goes on. description, if given, is written to
-  <workdir>/sweep.json first. SIGINT / SIGTERM stop the running run at a step boundary with its checkpoint (the
-  runner's process gets the signal from here) and raise SweepInterrupted; a second stops at once (StopSignals).
+  and raises on failure; a failure is reported and the sweep goes on. together(runs, log), if given
+  (`ensemble_trainer`), is called once per grid point, before its first run that is not done, with the point's
+  runs that are not done. description, if given, is written to <workdir>/sweep.json first. SIGINT / SIGTERM stop the
+  running run at a step boundary with its checkpoint (the runner's process gets the signal from here) and raise
+  SweepInterrupted; a second stops at once (StopSignals).
   """
   from sdm_jax.training.loop import StopSignals
   if workdir is not None and description is not None:
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
     _write_json(pathlib.Path(workdir) / SWEEP, description)
   with StopSignals() as stop:
-    return _run_all(runs, runner, log, stop)
+    return _run_all(runs, runner, log, stop, together)
 
 
-def _run_all(runs, runner, log, stop):
+def _run_all(runs, runner, log, stop, together=None):
   from sdm_jax.training.loop import final_step
-  outcomes = {}
+  outcomes, points_begun = {}, set()
   for index, run in enumerate(runs, 1):
     if stop.signum is not None:
       raise SweepInterrupted(f"stopped by {signal.Signals(stop.signum).name} before {run.name}", stop.signum)
@@ -402,6 +435,11 @@ def _run_all(runs, runner, log, stop):
       log(f"{prefix}: done, skipped")
       outcomes[run.name] = "skipped"
       continue
+    if together is not None and run.directory.parent not in points_begun:
+      points_begun.add(run.directory.parent)
+      together([other for other in runs[index - 1:] if other.directory.parent == run.directory.parent
+                and status(other.directory, final_step(other.directory, other.config.train),
+                           other.eval_points) != "done"], log)
     log(f"{prefix}: {'resuming' if state == 'partial' else 'starting'} ({run.config.train.steps} steps)")
     prepare(run)
     start = time.perf_counter()
@@ -498,14 +536,18 @@ def describe(runs, config_file, grid, eval_grid, seeds):
 
 
 def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, eval_batches=None, dry_run=False,
-          in_process=False, out=None, runner=None, shard=(0, 1), log=print):
+          in_process=False, ensemble=False, out=None, runner=None, shard=(0, 1), log=print):
   """Plans the grid (every point's config checked before anything runs), runs what is not done, summarizes.
 
   config: the --config ConfigDict (its overrides applied); config_file: its 'path.py:variant'; overrides: the
   command line's {field: value}; grid / eval_grid: grid texts; seeds: replicate numbers; in_process: run in this
-  process (in_process_runner) instead of one process per run; shard: (i, n), run only the planned runs i, i + n,
-  ... (`parse_shard`; the summary still covers every finished run of the workdir). Returns the outcomes.
+  process (in_process_runner) instead of one process per run; ensemble (with in_process): the seeds of a grid point
+  trained together in lockstep (`ensemble_trainer`); shard: (i, n), run only the planned runs i, i + n, ... (with
+  ensemble, the grid points i, i + n, ..., each with all its seeds) (`parse_shard`; the summary still covers every
+  finished run of the workdir). Returns the outcomes.
   """
+  if ensemble and not in_process:
+    raise ConfigError("--ensemble: trains a point's seeds together in this process, expected --in_process with it")
   from sdm_jax.data import make_dataset
   from sdm_jax.training.config import check_config
   from sdm_jax.training.sweep_summary import summarize
@@ -535,6 +577,9 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
       f" in {workdir}")
   index, count = shard
   mine = runs[index::count]
+  if ensemble:  # a point's seeds stay in one shard
+    points = list(dict.fromkeys(run.directory.parent for run in runs))[index::count]
+    mine = [run for run in runs if run.directory.parent in points]
   if count > 1:
     log(f"sweep: shard {index}/{count}: {len(mine)} of the {len(runs)} run(s)")
   if dry_run:
@@ -551,7 +596,8 @@ def sweep(config, *, config_file, overrides, grid, eval_grid, seeds, workdir, ev
     runner = subprocess_runner(pathlib.Path(workdir) / ".jax_cache",
                                extra_args=[str(eval_batches)] if eval_batches else [])
   outcomes = run_sweep(mine, runner=runner, log=log, workdir=workdir,
-                       description=describe(runs, config_file, grid, eval_grid, seeds))
+                       description=describe(runs, config_file, grid, eval_grid, seeds),
+                       together=ensemble_trainer(eval_batches) if ensemble else None)
   failed = [name for name, outcome in outcomes.items() if outcome.startswith("failed")]
   log(f"sweep: {len(outcomes) - len(failed)} of {len(outcomes)} run(s) done"
       f"{'; failed: ' + ', '.join(failed) if failed else ''}")

@@ -84,3 +84,33 @@ def test_what_cannot_train_together_is_refused_before_anything_is_written(tmp_pa
   loop.train(configs[0], tmp_path / "seed_0", stop_after=3, log=lambda _: None)  # seed 0 at step 3, seed 1 new
   with pytest.raises(ValueError, match="resume from different steps"):
     ensemble.train_ensemble(configs, [tmp_path / "seed_0", tmp_path / "seed_1"], log=lambda _: None)
+
+
+def test_a_sweep_trains_each_point_s_seeds_together_and_evaluates_them(tmp_path):
+  config = _configs(steps=4)[0]
+  lines = []
+  outcomes = sweep.sweep(config, config_file="experiments/configs/mqar.py:demo", overrides={},
+                         grid="model.num_heads=1|2", eval_grid="", seeds=[0, 1], workdir=tmp_path, in_process=True,
+                         ensemble=True, log=lines.append)
+  assert set(outcomes.values()) == {"done"} and len(outcomes) == 4
+  assert sum("trained together" in line for line in lines) == 2
+  assert "ensemble: num_heads-1/seed_0, num_heads-1/seed_1 trained together" in lines
+  for name in outcomes:
+    assert sweep._read_json(tmp_path / name / sweep.EVAL)["step"] == 4
+    assert checkpoint_steps(tmp_path / name)[-1] == 4
+  assert not any(line.strip().startswith("model:") for line in lines)  # train() alone never ran: each run evaluated
+
+
+def test_ensemble_shards_keep_a_point_s_seeds_together(tmp_path, monkeypatch):
+  groups, calls = [], []
+  monkeypatch.setattr(sweep, "ensemble_trainer", lambda eval_batches=None: lambda runs, log: groups.append(
+      [run.name for run in runs]))
+  config = _configs(steps=4)[0]
+  for index in (0, 1):
+    sweep.sweep(config, config_file="experiments/configs/mqar.py:demo", overrides={}, grid="model.num_heads=1|2",
+                eval_grid="", seeds=[0, 1], workdir=tmp_path, in_process=True, ensemble=True, shard=(index, 2),
+                runner=lambda run_dir, log: calls.append(run_dir.name), log=lambda _: None)
+  assert groups == [["num_heads-1/seed_0", "num_heads-1/seed_1"], ["num_heads-2/seed_0", "num_heads-2/seed_1"]]
+  with pytest.raises(sweep.ConfigError, match="--ensemble: .* expected --in_process"):
+    sweep.sweep(config, config_file="experiments/configs/mqar.py:demo", overrides={}, grid="", eval_grid="",
+                seeds=[0, 1], workdir=tmp_path, ensemble=True, log=lambda _: None)
