@@ -20,9 +20,11 @@
 # LRS (the pilot grid), SEEDS and FIRST_SEED (seeds FIRST_SEED, FIRST_SEED + 1, ...), TASKS (niah, sdm_isoflop),
 # PILOT_TASK (lr_pilot: mqar or niah), RATES (the pilot's picked rates; default benchmarks/recall/protocol/rates.json
 # when committed, else this machine's runs/recall_protocol/report_lr_pilot_rates.json), PARALLEL, CARD_SHARES (0.9 /
-# CARD_SHARES of the card's memory a process, for several of these scripts at once), STEP_LIMIT.
+# CARD_SHARES of the card's memory a process, for several of these scripts at once), STEP_LIMIT, ENSEMBLE (default 1:
+# each point's seeds trained together by one vmapped step, `experiments.sweep --ensemble`; 0: one after another).
 #
-# Cost on one H100. Card time per 1,000 training steps with 6 processes sharing it, from the earlier recall runs
+# Cost on one H100, of runs trained one by one (ENSEMBLE=0); what training a point's seeds together saves on the card
+# is not measured yet. Card time per 1,000 training steps with 6 processes sharing it, from the earlier recall runs
 # (benchmarks/history/recall.md, sessions 29 and 33): ~10 s at 128-256 tokens, ~15 s at 512, ~14 s for NIAH (1,024
 # bytes x 16, 4 layers); ~25 s at 1,024 tokens is extrapolated, not measured. A run stops at accuracy 0.99 or after
 # 4,000 (MQAR) / 6,000 (NIAH) steps: W = every run to its last step; E = the runs that learn stop at a third of it
@@ -118,6 +120,7 @@ sweep() {  # sweep DIR ARGS...: PARALLEL shards of one sweep into $RES/DIR, each
     | tee -a "$OUT/log.txt"
   for i in $(seq 0 $((n - 1))); do
     XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction timeout "$STEP_LIMIT" $PY -m experiments.sweep --in_process \
+      --ensemble="$([ "${ENSEMBLE:-1}" = 1 ] && echo true || echo false)" \
       --shard="$i/$n" --workdir="$RES/$dir" "$@" ${EVAL_BATCHES:+--eval_batches=$EVAL_BATCHES} "${TINY[@]}" \
       > "$OUT/shard_$i.txt" 2>&1 &
     shards+=($!)

@@ -114,3 +114,24 @@ def test_ensemble_shards_keep_a_point_s_seeds_together(tmp_path, monkeypatch):
   with pytest.raises(sweep.ConfigError, match="--ensemble: .* expected --in_process"):
     sweep.sweep(config, config_file="experiments/configs/mqar.py:demo", overrides={}, grid="", eval_grid="",
                 seeds=[0, 1], workdir=tmp_path, ensemble=True, log=lambda _: None)
+
+
+def test_the_pallas_op_vmapped_over_members_lowers_for_cuda(monkeypatch):
+  """The ensemble's step vmaps the Pallas launches (a grid axis more, custom_vjp included): the batched gradient of
+  the GDN-2 op lowers for an abstract H200 with the launches of one member's."""
+  import jax
+  import jax.numpy as jnp
+  from sdm_jax.testing.inputs import make_inputs
+  from sdm_jax.testing.lowering import TRITON_CALL, lower_for_h200
+  from sdm_jax.ops import pallas
+  from sdm_jax.testing.runs import call
+  monkeypatch.setattr(pallas, "interpret", lambda: False)  # the launches as a GPU runs them, lowered on the CPU
+  inputs = make_inputs("gdn2", 1, 64, 2, 16, 16, 1.0, "random", 0, jnp.bfloat16, initial_state=False)
+
+  def loss(inputs):
+    return jnp.sum(call("gdn2", inputs, impl="pallas", chunk_size=32)[0].astype(jnp.float32))
+
+  one = lower_for_h200(jax.grad(loss), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), inputs))
+  members = lower_for_h200(jax.vmap(jax.grad(loss)), jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((3, *x.shape), x.dtype), inputs))
+  assert members.count(TRITON_CALL) == one.count(TRITON_CALL) > 0
