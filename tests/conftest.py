@@ -22,6 +22,10 @@ import jax  # noqa: E402  (after the cache directory is in the environment)
 import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+# The command-line runs in subprocesses each build a model and restore checkpoints through dozens of small programs
+# that the cache's default 1 s threshold would compile again in every process: their processes cache every program
+# (set after jax's import, so this process keeps the default and writes only its long compilations).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 

@@ -117,10 +117,8 @@ def runnable(block):
 
 
 def _environment():
-  # Every program of the suite's compilation cache, however short its compilation: a command starts by building a
-  # model whose dozens of small initialiser programs the cache's default 1 s threshold would compile again in every
-  # process of every section.
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  # The suite's compilation cache, with every program however short its compilation, comes from tests/conftest.py.
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   # The suite turns LLVM's optimisations off for its tiny programs; these commands run tens of steps of delta-rule
   # models, which that makes slower than it makes their compilation faster.
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_backend_optimization_level=0", "").strip()
