@@ -90,11 +90,11 @@ def test_a_sweep_trains_each_point_s_seeds_together_and_evaluates_them(tmp_path)
   config = _configs(steps=4)[0]
   lines = []
   outcomes = sweep.sweep(config, config_file="experiments/configs/mqar.py:demo", overrides={},
-                         grid="model.num_heads=1|2", eval_grid="", seeds=[0, 1], workdir=tmp_path, in_process=True,
-                         ensemble=True, log=lines.append)
-  assert set(outcomes.values()) == {"done"} and len(outcomes) == 4
-  assert sum("trained together" in line for line in lines) == 2
-  assert "ensemble: num_heads-1/seed_0, num_heads-1/seed_1 trained together" in lines
+                         grid="", eval_grid="", seeds=[0, 1], workdir=tmp_path, in_process=True, ensemble=True,
+                         log=lines.append)
+  assert set(outcomes.values()) == {"done"} and len(outcomes) == 2
+  assert sum("trained together" in line for line in lines) == 1
+  assert "ensemble: seed_0, seed_1 trained together" in lines
   for name in outcomes:
     assert sweep._read_json(tmp_path / name / sweep.EVAL)["step"] == 4
     assert checkpoint_steps(tmp_path / name)[-1] == 4
