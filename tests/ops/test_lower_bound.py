@@ -1,8 +1,8 @@
 """lower_bound, the caller's promise g >= lower_bound (DESIGN.md section 2): impl="pallas" (interpret mode on CPU)
 forms its decayed grams with one or two dots each and is held to the scan with the tolerances of the unbounded path
 (`errors.TOLERANCES`), outputs, final state and every gradient: g at the bound everywhere and mixed between it and 0,
-chunk 16 and 32, fp32 and bf16 inputs, packed documents, a loss of 1 and of 1e-6; the bound reaches both kernels that
-use it; the ValueErrors."""
+chunk 16 and 32, fp32 and bf16 inputs, packed documents, a loss of 1 and of 1e-6; the bound reaches gram_solve, and
+pair_bwd where its settings ask (`bounded_pairs`, held to the split it replaces); the ValueErrors."""
 
 import dataclasses
 
