@@ -369,15 +369,16 @@ class IntraChunkSettings:
   def defaults(cls, shape):
     """The settings chosen from the H200 sweeps at chunk 32 and 64 (they read shape.chunk_size alone); chunk 16
     takes chunk 32's, untimed."""
-    # Key blocks, sub-blocks, warps and stages from the H200 sweeps; bounded_stages from the H100's at chunk 32
-    # (benchmarks/ops/README.md, launch settings).
+    # Key blocks, warps and stages from the H200 sweeps; bounded_stages, and sub-blocks of 2 rows at chunk <= 32,
+    # from the H100's at chunk 32 (benchmarks/ops/README.md, launch settings).
     chunk_size, = require(shape, cls.__name__, "chunk_size")
-    return cls(key_block=32, sub_block=4, num_warps=2 if chunk_size <= 32 else 4, solve_key_block=64,
+    small = chunk_size <= 32
+    return cls(key_block=32, sub_block=2 if small else 4, num_warps=2 if small else 4, solve_key_block=64,
                solve_value_block=64, solve_warps=4, num_stages=1, solve_stages=2, bounded_stages=2)
 
   @classmethod
   def candidates(cls, shape):
-    return one_at_a_time(cls, shape, key_block=(16, 64), sub_block=(2, 8), num_warps=(2, 4, 8), num_stages=(2,),
+    return one_at_a_time(cls, shape, key_block=(16, 64), sub_block=(2, 4, 8), num_warps=(2, 4, 8), num_stages=(2,),
                          bounded_stages=(1, 3),
                          solve_key_block=(32,), solve_value_block=(32,), solve_warps=(8,), solve_stages=(1, 3))
 

@@ -86,11 +86,11 @@ def test_a_rule_names_the_size_it_needs():
     ProductKeySettings.defaults(None)
 
 
-@pytest.mark.parametrize("chunk_size,warps,key_block,value_block", [(32, 2, 16, 64), (64, 4, 32, 32)])
-def test_per_chunk_kernels(chunk_size, warps, key_block, value_block):
+@pytest.mark.parametrize("chunk_size,warps,key_block,value_block,sub_block", [(32, 2, 16, 64, 2), (64, 4, 32, 32, 4)])
+def test_per_chunk_kernels(chunk_size, warps, key_block, value_block, sub_block):
   shape = Shape(B, T, H, K, V, "bfloat16", chunk_size)
   assert IntraChunkSettings.defaults(shape) == IntraChunkSettings(
-      key_block=32, sub_block=4, num_warps=warps, solve_key_block=64, solve_value_block=64, solve_warps=4,
+      key_block=32, sub_block=sub_block, num_warps=warps, solve_key_block=64, solve_value_block=64, solve_warps=4,
       num_stages=1, solve_stages=2, bounded_stages=2)
   assert IntraChunkBwdSettings.defaults(shape) == IntraChunkBwdSettings(
       key_block=key_block, value_block=value_block, num_warps=warps, num_stages=2, pair_key_block=32,
