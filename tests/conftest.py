@@ -1,5 +1,6 @@
 """Test-wide setup: the repository root on sys.path, one persistent compilation cache for the whole run, LLVM's
-optimisations off, a float64 switch for ground-truth runs, and jax's caches cleared before the process runs out of memory mappings."""
+optimisations off, a float64 switch for ground-truth runs, and jax's caches cleared before the process runs out of
+memory mappings."""
 
 import os
 import pathlib

@@ -10,8 +10,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 from experiments import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
