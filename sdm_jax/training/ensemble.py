@@ -31,7 +31,7 @@ from sdm_jax.models.loss import LOSS_CHUNK_TOKENS
 from sdm_jax.models.sharding import make_mesh
 from sdm_jax.training import loop
 from sdm_jax.training import workdir as run_dir
-from sdm_jax.training.checkpoint import Checkpointer, NonFiniteState
+from sdm_jax.training.checkpoint import Checkpointer
 from sdm_jax.training.config import check_config
 from sdm_jax.training.metrics import MetricsLog, Progress, metric_writers
 from sdm_jax.training.optimizer import make_optimizer
@@ -170,9 +170,7 @@ def _train(members, mesh, stop, log):
     if len(pending) > 1:
       jax.block_until_ready(pending[-2][1])
     stopping = stop.requested(step, train_cfg.log_every)
-    log_now = step % train_cfg.log_every == 0 or step == last or stopping
-    eval_now = step % train_cfg.eval_every == 0 or step == last
-    save_now = step % train_cfg.checkpoint_every == 0 or step == last or stopping
+    log_now, eval_now, save_now = loop.due(step, train_cfg, last, stopping)
     if not (log_now or eval_now or save_now):
       continue
     fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
@@ -209,25 +207,17 @@ def _member_step(m, step, last, fetched, data_state, mesh, target, tokens_per_st
   m.window += [metrics for _, metrics in fetched]
   if log_now:
     m.logged = loop._log_window(m.window, step, m.logged, m.progress, tokens_per_step, m.metrics_log, member_log)
-  if eval_now:
-    result = loop.evaluate(m.model, m.config, mesh)
-    m.metrics_log.write({"split": "eval", "step": step, **result})
-    member_log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
-    if target and result["accuracy"] >= target:
-      m.reached = step
-      member_log(f"accuracy {result['accuracy']:.4f} reached train.stop_at_accuracy = {target} at step {step}: "
-                 f"the run ends here")
-      if m.window:
-        m.logged = loop._log_window(m.window, step, m.logged, m.progress, tokens_per_step, m.metrics_log,
-                                    member_log)
-      save_now = True
+  if eval_now and loop.evaluate_at(step, m.model, m.config, mesh, m.metrics_log, target, member_log):
+    m.reached = step
+    if m.window:
+      m.logged = loop._log_window(m.window, step, m.logged, m.progress, tokens_per_step, m.metrics_log, member_log)
+    save_now = True
   if save_now:
     try:
-      m.checkpoints.save(step, m.model, m.optimizer, data_state, m.config)
-    except NonFiniteState as error:
-      m.outcome = loop.TrainingDiverged(f"non-finite state after step {step} ({error}); stopped without saving. "
-                                        f"{loop._last_good(m.checkpoints)}")
-      member_log(f"stopped: {m.outcome}")
+      loop.save_finite(m.checkpoints, step, m.model, m.optimizer, data_state, m.config)
+    except loop.TrainingDiverged as error:
+      m.outcome = error
+      member_log(f"stopped: {error}")
       return
   if m.reached is not None or step == last:
     m.outcome = step

@@ -183,6 +183,36 @@ def _plot(metrics_log, path, log):
     log(f"warning: could not plot {path} ({type(error).__name__}: {error})")
 
 
+def due(step, train_cfg, last, stopping):
+  """(log, evaluate, save) after `step`: every log_every / eval_every / checkpoint_every steps; the evaluation also
+  at train.steps; the log and a checkpoint also at this call's last step and when stopping."""
+  return (step % train_cfg.log_every == 0 or step == last or stopping,
+          step % train_cfg.eval_every == 0 or step == train_cfg.steps,
+          step % train_cfg.checkpoint_every == 0 or step == last or stopping)
+
+
+def evaluate_at(step, model, config, mesh, metrics_log, target, log):
+  """Evaluates the model after `step` (recorded in metrics_log and logged); returns whether its accuracy reached
+  `target` (train.stop_at_accuracy; 0: never), which ends the run there."""
+  result = evaluate(model, config, mesh)
+  metrics_log.write({"split": "eval", "step": step, **result})
+  log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
+  reached = bool(target) and result["accuracy"] >= target
+  if reached:
+    log(f"accuracy {result['accuracy']:.4f} reached train.stop_at_accuracy = {target} at step {step}: "
+        f"the run ends here")
+  return reached
+
+
+def save_finite(checkpoints, step, model, optimizer, data_state, config):
+  """checkpoints.save, a non-finite state's refusal raised as TrainingDiverged naming the last good checkpoint."""
+  try:
+    checkpoints.save(step, model, optimizer, data_state, config)
+  except NonFiniteState as error:
+    raise TrainingDiverged(f"non-finite state after step {step} ({error}); stopped without saving. "
+                           f"{_last_good(checkpoints)}") from None
+
+
 def target_step(records, target):
   """The step of the first evaluation record (metrics.jsonl's split "eval") whose accuracy reaches `target`, or None
   (also for target 0: nothing is looked for)."""
@@ -271,9 +301,7 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
         if len(pending) > 1:  # two steps in flight at most, so a stop waits for them, not for every step queued
           jax.block_until_ready(pending[-2][1])
         stopping = stop.requested(step, train_cfg.log_every)
-        log_now = step % train_cfg.log_every == 0 or step == last or stopping
-        eval_now = step % train_cfg.eval_every == 0 or step == train_cfg.steps
-        save_now = step % train_cfg.checkpoint_every == 0 or step == last or stopping
+        log_now, eval_now, save_now = due(step, train_cfg, last, stopping)
         if not (log_now or eval_now or save_now):
           continue
         fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
@@ -285,23 +313,13 @@ TensorBoard and W&B (`metrics.metric_writers`); train.profile_steps are traced (
         if eval_now or save_now:
           step_fn.sync()  # the model and optimizer hold donated arrays until now
         pause = time.perf_counter()
-        if eval_now:
-          result = evaluate(model, config, mesh)
-          metrics_log.write({"split": "eval", "step": step, **result})
-          log(f"eval at step {step}: loss {result['loss']:.4f} accuracy {result['accuracy']:.4f}")
-          if target and result["accuracy"] >= target:
-            reached = step
-            log(f"accuracy {result['accuracy']:.4f} reached train.stop_at_accuracy = {target} at step {step}: "
-                f"the run ends here")
-            if window:  # the steps since the last log are this run's last
-              logged = _log_window(window, step, logged, progress, tokens_per_step, metrics_log, log)
-            save_now = True
+        if eval_now and evaluate_at(step, model, config, mesh, metrics_log, target, log):
+          reached = step
+          if window:  # the steps since the last log are this run's last
+            logged = _log_window(window, step, logged, progress, tokens_per_step, metrics_log, log)
+          save_now = True
         if save_now:
-          try:
-            checkpoints.save(step, model, optimizer, data_state, config)
-          except NonFiniteState as error:
-            raise TrainingDiverged(f"non-finite state after step {step} ({error}); stopped without saving. "
-                                   f"{_last_good(checkpoints)}") from None
+          save_finite(checkpoints, step, model, optimizer, data_state, config)
         progress.exclude(time.perf_counter() - pause)
         if stopping and stop.data_error is not None:
           raise TrainingDataError(f"{stop.data_error}; stopped at step {step}. {_last_good(checkpoints)}")

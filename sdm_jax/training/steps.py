@@ -125,8 +125,8 @@ class EnsembleStep(TrainStep):
     self.models, self.optimizers = list(models), list(optimizers)
     splits = [nnx.split(pair) for pair in zip(self.models, self.optimizers)]
     graphdef = splits[0][0]
-    structure = jax.tree.structure(splits[0][1])
-    if any(nnx.split(model)[0] != nnx.split(self.models[0])[0] for model in self.models[1:]) or any(
+    structure, model_graph = jax.tree.structure(splits[0][1]), nnx.split(self.models[0])[0]
+    if any(nnx.split(model)[0] != model_graph for model in self.models[1:]) or any(
         jax.tree.structure(state) != structure for _, state in splits[1:]):
       raise ValueError("models: expected models and optimizers of one structure (configs that differ in their seeds "
                        "alone)")

@@ -384,7 +384,6 @@ def ensemble_trainer(eval_batches=None):
     from sdm_jax.training.loop import TrainingInterrupted, final_step
     by_step = {}
     for run in runs:
-      prepare(run)
       config = copy.deepcopy(run.config)
       if eval_batches:
         config.train.eval_batches = eval_batches
