@@ -17,7 +17,8 @@
 #   DRY_RUN=1 bash benchmarks/recall/protocol.sh <piece>      (lr_pilot before mqar_pressure, niah, sdm_isoflop)
 #
 # Knobs (space-separated): MODELS (recall.py mixers), WIDTHS, POINTS ("seq_len,pairs ..." of recall.PRESSURE_POINTS),
-# LRS (the pilot grid), SEEDS and FIRST_SEED (seeds FIRST_SEED, FIRST_SEED + 1, ...), TASKS (niah, sdm_isoflop),
+# LRS (the pilot grid), STEPS (the sweep's train.steps instead of the task's), SEEDS and FIRST_SEED (seeds
+# FIRST_SEED, FIRST_SEED + 1, ...), TASKS (niah, sdm_isoflop),
 # PILOT_TASK (lr_pilot: mqar or niah), RATES (the pilot's picked rates; default benchmarks/recall/protocol/rates.json
 # when committed, else this machine's runs/recall_protocol/report_lr_pilot_rates.json), PARALLEL, CARD_SHARES (0.9 /
 # CARD_SHARES of the card's memory a process, for several of these scripts at once), STEP_LIMIT, ENSEMBLE (default 1:
@@ -122,6 +123,7 @@ sweep() {  # sweep DIR ARGS...: PARALLEL shards of one sweep into $RES/DIR, each
     XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction timeout "$STEP_LIMIT" $PY -m experiments.sweep --in_process \
       --ensemble="$([ "${ENSEMBLE:-1}" = 1 ] && echo true || echo false)" \
       --shard="$i/$n" --workdir="$RES/$dir" "$@" ${EVAL_BATCHES:+--eval_batches=$EVAL_BATCHES} "${TINY[@]}" \
+      ${STEPS:+--config.train.steps=$STEPS} \
       > "$OUT/shard_$i.txt" 2>&1 &
     shards+=($!)
   done
@@ -192,9 +194,11 @@ niah_variants() {  # niah_variants MODELS: every TASK's variants at width 128, e
 case $piece in
   sanity)
     twins=()
+    # The twins share the card with the sweep's PARALLEL processes: every process gets 0.9 / (PARALLEL + 2) of it.
+    [ "${TWINS:-1}" = 1 ] && CARD_SHARES=${CARD_SHARES:-$((${PARALLEL:-6} + 2))}
     if [ "${TWINS:-1}" = 1 ]; then  # the same GDN-2 run twice at once, beside the sweep: does a seed repeat?
       for twin in a b; do
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$(card_fraction "${CARD_SHARES:-8}") timeout "$STEP_LIMIT" \
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$(card_fraction "$CARD_SHARES") timeout "$STEP_LIMIT" \
           $PY -m experiments.train --config=experiments/configs/recall.py:mqar_gdn2_w"$PILOT_WIDTH" \
           --workdir="$RES/twins/$twin" \
           --config.data.seq_len="${PILOT_POINT%,*}" --config.data.num_kv_pairs="${PILOT_POINT#*,}" \
