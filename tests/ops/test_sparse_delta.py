@@ -2,6 +2,7 @@
 memory-lean backward) and the Pallas kernel (interpret mode) against the scan, chunk-size
 invariance, duplicates, and the input checks."""
 
+import functools
 import re
 
 import jax
@@ -65,8 +66,14 @@ def _arrays(x, dtype=jnp.float32):
 
 
 def _run(x, dtype, **kw):
+  """The op on x, eagerly: its checks of concrete values (slots out of range, distinct_slots) raise here."""
   args = _arrays(x, dtype)
   return sparse_delta_rule(**args, output_final_state=True, **kw)
+
+
+def _jitted(x, dtype, **kw):
+  """The op on x under one jit (one compilation instead of an eager dispatch per primitive)."""
+  return jax.jit(functools.partial(sparse_delta_rule, output_final_state=True, **kw))(**_arrays(x, dtype))
 
 
 FLOATS = ("m0", "k_w", "v", "g", "beta", "q_w")
@@ -106,8 +113,8 @@ def test_scan_matches_dense_numpy(x64, shared):
 def test_matches_scan(x64, impl, decay, beta_mode, chunk_size, T, seed):
   x = _inputs(seed, T=T, decay=decay, beta_mode=beta_mode, shared=seed % 2 == 0)
   tol_out, tol_grad = FP32_TOL[impl]
-  o_ref, table_ref = _run(x, jnp.float64, impl="scan")
-  o, table = _run(x, jnp.float32, impl=impl, chunk_size=chunk_size)
+  o_ref, table_ref = _jitted(x, jnp.float64, impl="scan")
+  o, table = _jitted(x, jnp.float32, impl=impl, chunk_size=chunk_size)
   assert o.dtype == jnp.float32 and table.dtype == jnp.float32
   assert relative_error(o, o_ref) < tol_out
   assert relative_error(table, table_ref) < tol_out
@@ -125,8 +132,8 @@ def test_pallas_rows_segments_replay_the_same_bits(rows_segments, decay, T, shar
   """The backward that replays the forward for the earlier segments gets the rows the forward saw: every output
   and gradient equals the saved-rows path's bit for bit (interpret mode; T not a multiple of the segments)."""
   x = _inputs(seed, T=T, decay=decay, shared=shared)
-  saved = _run(x, jnp.float32, impl="pallas"), _grads(x, jnp.float32, impl="pallas")
-  replayed = _run(x, jnp.float32, impl="pallas", rows_segments=rows_segments), _grads(
+  saved = _jitted(x, jnp.float32, impl="pallas"), _grads(x, jnp.float32, impl="pallas")
+  replayed = _jitted(x, jnp.float32, impl="pallas", rows_segments=rows_segments), _grads(
       x, jnp.float32, impl="pallas", rows_segments=rows_segments)
   for a, b in zip(saved[0], replayed[0]):
     assert np.array_equal(a, b)
@@ -148,7 +155,7 @@ def test_pallas_bf16_rows_near_fp32_rows(decay, rows_segments, seed):
   never read a row) are the fp32 path's bits; the other gradients lie within BF16_ROWS_TOL of it."""
   x = _inputs(seed, T=40, N=64, V=32, W=16, R=16, decay=decay)
   kw = dict(impl="pallas", rows_segments=rows_segments)
-  for a, b in zip(_run(x, jnp.float32, impl="pallas"), _run(x, jnp.float32, rows_dtype="bfloat16", **kw)):
+  for a, b in zip(_jitted(x, jnp.float32, impl="pallas"), _jitted(x, jnp.float32, rows_dtype="bfloat16", **kw)):
     assert np.array_equal(a, b)
   exact = _grads(x, jnp.float32, impl="pallas")
   rounded = _grads(x, jnp.float32, rows_dtype="bfloat16", **kw)
@@ -165,7 +172,7 @@ def test_pallas_bf16_table():
   follow the float64 loop that rounds the same rows (to within fp32 ties that round the other way), lie at bf16's
   distance from the fp32 table, and the gradients stay near the fp32 table's."""
   x = _inputs(26, T=40, N=64, V=32, W=16, R=16, decay=0.3)
-  o, table = _run(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
+  o, table = _jitted(x, jnp.float32, impl="pallas", table_dtype="bfloat16")
   assert table.dtype == jnp.float32 and np.array_equal(_bf16(table), np.asarray(table, np.float64))
   o_ref, table_ref = _dense_reference(x, stored=_bf16)
   assert relative_error(o, o_ref) < 1e-4 and relative_error(table, table_ref) < 1e-4
@@ -186,7 +193,7 @@ def test_pallas_bf16_table_grad(table_dtype, packed):
   kw = dict(impl="pallas", table_dtype=table_dtype)
   if packed:
     kw.update(rows_segments=2, segment_ids=jnp.asarray(np.repeat([[1] * 15 + [2] * 20 + [0] * 5], 2, axis=0)))
-  for a, b in zip(_run(x, jnp.float32, **kw), _run(x, jnp.float32, table_grad_dtype="bfloat16", **kw)):
+  for a, b in zip(_jitted(x, jnp.float32, **kw), _jitted(x, jnp.float32, table_grad_dtype="bfloat16", **kw)):
     assert np.array_equal(a, b)
   exact = _grads(x, jnp.float32, **kw)
   rounded = _grads(x, jnp.float32, table_grad_dtype="bfloat16", **kw)
@@ -268,7 +275,7 @@ def test_pallas_launch_changes_only_the_order_of_tile_sums(segments, monkeypatch
   if segments:
     kw.update(rows_segments=2, segment_ids=jnp.asarray(np.repeat([[1] * 5 + [2] * 7], 2, axis=0)))
   launch = ((16, 4), (16, 2))
-  for a, b in zip(_run(x, jnp.float32, **kw), _run(x, jnp.float32, launch=launch, **kw)):
+  for a, b in zip(_jitted(x, jnp.float32, **kw), _jitted(x, jnp.float32, launch=launch, **kw)):
     assert same(a, b)
   launches.clear()
   default, tiled = _grads(x, jnp.float32, **kw), _grads(x, jnp.float32, launch=launch, **kw)
@@ -293,7 +300,7 @@ def test_pallas_options_are_refused_by_the_other_impls(option, value, impl):
 
 def test_chunk_size_invariance(x64):
   x = _inputs(7, T=48)
-  outs = [_run(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]
+  outs = [_jitted(x, jnp.float64, impl="chunk", chunk_size=c) for c in (4, 16, 64)]
   for o, table in outs[1:]:
     assert relative_error(o, outs[0][0]) < 1e-12 and relative_error(table, outs[0][1]) < 1e-12
 
@@ -304,12 +311,12 @@ def test_duplicate_slots_sum_their_weights(x64):
   merged = {**x, "k_idx": x["k_idx"][..., 1:], "k_w": x["k_w"][..., 1:].copy()}
   merged["k_w"][..., 0] += x["k_w"][..., 0]
   for impl in ("scan", "chunk"):
-    o, table = _run(x, jnp.float64, impl=impl)
-    o_merged, table_merged = _run(merged, jnp.float64, impl=impl)
+    o, table = _jitted(x, jnp.float64, impl=impl)
+    o_merged, table_merged = _jitted(merged, jnp.float64, impl=impl)
     assert relative_error(o, o_merged) < 1e-12 and relative_error(table, table_merged) < 1e-12
   # The Pallas kernels compute in fp32; a slot listed twice in a token is written twice with one value.
-  o, table = _run(x, jnp.float32, impl="pallas")
-  o_merged, table_merged = _run(merged, jnp.float32, impl="scan")
+  o, table = _jitted(x, jnp.float32, impl="pallas")
+  o_merged, table_merged = _jitted(merged, jnp.float32, impl="scan")
   assert relative_error(o, o_merged) < 1e-5 and relative_error(table, table_merged) < 1e-5
 
 
