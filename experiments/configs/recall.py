@@ -8,7 +8,10 @@ Variants "<task>_<mixer>[_w<width>][_lr<rate>]":
   task   mqar (vocab 8192; mixed numbers of key-value pairs, sdm_jax/data/mqar.py) or one of RULER's
          s_niah_1, s_niah_2, s_niah_3, mk_niah_1, mk_niah_2, mk_niah_3 (bytes; sdm_jax/data/niah.py RULER_TASKS)
   mixer  a dense mixer of the registry (gdn, kda, fg2_gdn, fg2_gdn_plus, gdn2: every layer "D"), attention (every
-         layer "A"), swa (every layer "S"), sdm (sliding-window attention then Sparse Delta Memory: "SM" at 2 layers,
+         layer "A", with ATTENTION_CONV-tap short convolutions after q, k, v, as the dense layers have and as Zoology's
+         Based experiments give their attention baseline: without them 2-layer attention must first learn a
+         previous-token head, and on MQAR it stays near the guess among unrecalled values for over 10,000 steps,
+         benchmarks/recall/README.md), swa (every layer "S"), sdm (sliding-window attention then Sparse Delta Memory: "SM" at 2 layers,
          "SSSM" at 4, DESIGN.md section 3's 3 : 1), swa_gdn (the sdm hybrid's control: GDN in SDM's place, "SD" and
          "SSSD")
   width  64, 128 or 256 (default 128), heads of 64 channels (width / 64 of them); MQAR models have 2 layers
@@ -47,6 +50,7 @@ STUDY_MIXERS = (*MIXERS, "attention", "swa", "sdm", "swa_gdn")
 WIDTHS = (64, 128, 256)
 DEFAULT_WIDTH = 128
 HEAD_DIM = 64
+ATTENTION_CONV = 4  # the dense layers' short convolution (their presets')
 WINDOW = 32  # H x WINDOW x 2 x HEAD_DIM cached keys and values = H x HEAD_DIM x HEAD_DIM, a dense mixer's state
 REFERENCE = "gdn"  # the model every other variant of a task and width is matched to
 NAMES = tuple(f"{task}_{mixer}" for task in TASKS for mixer in STUDY_MIXERS)
@@ -149,6 +153,8 @@ def study_model(mixer, vocab_size, *, num_layers, width):
     hybrid = {name: "S" * (min(num_layers, 4) - 1) + last for name, last in HYBRID_LAST_LAYER.items()}
     model.pattern = {"attention": "A", "swa": "S", **hybrid}[mixer]
   model.window = WINDOW
+  if mixer == "attention":
+    model.attention_conv = ATTENTION_CONV
   model.sdm.num_heads, model.sdm.num_slots = heads, SDM_SLOTS
   model.sdm.topk_write = model.sdm.topk_read = SDM_TOPK
   model.sdm.key_dim, model.sdm.value_dim = SDM_KEY_DIM, HEAD_DIM

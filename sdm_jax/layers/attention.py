@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sdm_jax.layers.conv import CausalConv
 from sdm_jax.ops.segments import document_index, document_positions
 from sdm_jax.ops.validation import on_gpu
 
@@ -51,28 +52,45 @@ class Attention(nnx.Module):
   For decoding, the cache holds the rotated keys and the values of the last L = min(window, max_len)
   tokens, {"k", "v"}: [B, L, H, head_dim], position p in slot p % L: a ring buffer that never wraps
   for full attention (L = max_len) and keeps exactly the window for sliding-window attention.
+
+  conv_size: 0, or a short causal depthwise convolution of that many taps after each of the q, k, v projections
+  (`conv.CausalConv`, no activation), as the attention baseline of Zoology's Based experiments: each token then
+  holds the ones just before it, which plain attention must first learn a previous-token head for (MQAR's keys and
+  values); its cache is the last conv_size - 1 projections ("conv": q, k, v).
   """
 
-  def __init__(self, width, *, num_heads, head_dim, window=None, rope_base=10000.0, dtype=jnp.float32, rngs):
+  def __init__(self, width, *, num_heads, head_dim, window=None, rope_base=10000.0, conv_size=0, dtype=jnp.float32,
+               rngs):
     if head_dim % 2:
       raise ValueError(f"head_dim: RoPE rotates channel pairs, expected an even head_dim, got {head_dim}")
     if window is not None and window < 1:
       raise ValueError(f"window: expected a positive number of tokens or None, got {window}")
+    if conv_size < 0 or conv_size == 1:
+      raise ValueError(f"conv_size: expected 0 (no convolution) or at least 2 taps, got {conv_size}")
     linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, dtype=dtype, rngs=rngs)
     self.q_proj = linear(width, num_heads * head_dim)
     self.k_proj = linear(width, num_heads * head_dim)
     self.v_proj = linear(width, num_heads * head_dim)
     self.o_proj = linear(num_heads * head_dim, width)
     self.num_heads, self.head_dim, self.window, self.rope_base = num_heads, head_dim, window, rope_base
+    conv = lambda: CausalConv(num_heads * head_dim, kernel_size=conv_size, dtype=dtype, rngs=rngs)
+    self.convs = nnx.List([conv() for _ in range(3)]) if conv_size else None
     self.dtype = dtype
 
-  def project(self, x, positions):
-    """x: [B, T, width], positions: [T] or [B, T] -> q, k (rotated), v: [B, T, H, head_dim]."""
+  def project(self, x, positions, segment_ids=None, conv_cache=None):
+    """x: [B, T, width], positions: [T] or [B, T] -> (q, k (rotated), v: [B, T, H, head_dim], the convolutions'
+    cache after x: None without them). conv_cache: the convolutions' inputs before x (None: none)."""
     B, T, _ = x.shape
     heads = lambda y: y.reshape(B, T, self.num_heads, self.head_dim)
-    q = rotary(heads(self.q_proj(x)), self.rope_base, positions)
-    k = rotary(heads(self.k_proj(x)), self.rope_base, positions)
-    return q, k, heads(self.v_proj(x))
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.convs is not None:
+      caches = conv_cache or [conv.init_cache(B) for conv in self.convs]
+      (q, q_cache), (k, k_cache), (v, v_cache) = (conv.extend(y, cache, segment_ids)
+                                                  for conv, y, cache in zip(self.convs, (q, k, v), caches))
+      conv_cache = [q_cache, k_cache, v_cache]
+    q = rotary(heads(q), self.rope_base, positions)
+    k = rotary(heads(k), self.rope_base, positions)
+    return q, k, heads(v), conv_cache
 
   def attend(self, q, k, v, segment_ids=None):
     """q, k, v: [B, T, H, head_dim] at positions 0 .. T - 1 -> y: [B, T, width]; segment_ids: None or [B, T]."""
@@ -94,33 +112,40 @@ class Attention(nnx.Module):
     inside each document when packed)."""
     if positions is None:
       positions = jnp.arange(x.shape[1]) if segment_ids is None else document_positions(segment_ids)
-    q, k, v = self.project(x, positions)
+    q, k, v, _ = self.project(x, positions, segment_ids)
     return self.attend(q, k, v, segment_ids)
 
   def init_cache(self, batch, max_len):
     L = max_len if self.window is None else min(self.window, max_len)
     shape = (batch, L, self.num_heads, self.head_dim)
-    return {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
+    cache = {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
+    if self.convs is not None:
+      cache["conv"] = [conv.init_cache(batch) for conv in self.convs]
+    return cache
 
   def prefill(self, x, max_len):
     """x: [B, T, width], T <= max_len -> (y [B, T, width], the cache of the last L tokens)."""
     B, T, _ = x.shape
     positions = jnp.arange(T)
-    q, k, v = self.project(x, positions)
+    q, k, v, conv_cache = self.project(x, positions)
     cache = self.init_cache(B, max_len)
     kept = positions[max(T - cache["k"].shape[1], 0):]
     slots = kept % cache["k"].shape[1]
-    cache = {"k": cache["k"].at[:, slots].set(k[:, kept]), "v": cache["v"].at[:, slots].set(v[:, kept])}
+    cache.update(k=cache["k"].at[:, slots].set(k[:, kept]), v=cache["v"].at[:, slots].set(v[:, kept]))
+    if conv_cache is not None:
+      cache["conv"] = conv_cache
     return self.attend(q, k, v), cache
 
   def step(self, x_t, cache, position):
     """x_t: [B, width] at sequence index position (an int32 scalar, < max_len) -> (y_t [B, width], cache)."""
     L = cache["k"].shape[1]
     position = jnp.asarray(position, jnp.int32)
-    q, k, v = self.project(x_t[:, None], position[None])
+    q, k, v, conv_cache = self.project(x_t[:, None], position[None], conv_cache=cache.get("conv"))
     slot = position % L
-    cache = {"k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(self.dtype), slot, axis=1),
+    cache = {**cache, "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(self.dtype), slot, axis=1),
              "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(self.dtype), slot, axis=1)}
+    if conv_cache is not None:
+      cache["conv"] = conv_cache
     # Slot j holds the newest position <= position congruent to j mod L; negative means not yet written. The ring
     # keeps only the last L <= window positions, so the unwritten slots are all that is hidden.
     slot_positions = position - (position - jnp.arange(L)) % L

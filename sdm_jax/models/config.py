@@ -84,7 +84,8 @@ def default_config():
   head_dim / value_dim are per head (d_k, d_v); attention layers use head_dim for q, k and v.
   pattern letters: "D" dense delta mixer (`mixer`), "S" sliding-window attention (`window`),
   "A" full attention, "M" Sparse Delta Memory, "L" Multi-head Latent Attention (`mla`); the pattern is repeated or
-  truncated to num_layers (`layer_kinds.LAYERS`).
+  truncated to num_layers (`layer_kinds.LAYERS`). attention_conv: 0, or the taps of a short causal convolution after
+  the q, k, v projections of the "A" and "S" layers (`attention.Attention`'s conv_size).
   impl / chunk_size select how the dense mixers run ("auto", the default: "pallas" on a GPU, else "chunk"; chunk_size
   None: the impl's rule); they do not change the parameters.
   delta: the dense layer's nested config (`delta_layer_fields`): which reference layer, and changes to it.
@@ -110,6 +111,7 @@ def default_config():
   c.chunk_size = ml_collections.FieldReference(None, field_type=int)
   c.delta = delta_layer_fields()
   c.window = 64
+  c.attention_conv = 0
   c.mla = mla_fields(c.head_dim)
   c.mlp_ratio = 4.0
   c.mlp_hidden = ml_collections.FieldReference(None, field_type=int)

@@ -55,7 +55,7 @@ def _delta_flops(c, seq_len):
 def _attention(window):
   def build(c, dtype, rngs):
     return Attention(c.width, num_heads=c.num_heads, head_dim=c.head_dim, window=c.window if window else None,
-                     dtype=dtype, rngs=rngs)
+                     conv_size=c.get("attention_conv", 0), dtype=dtype, rngs=rngs)  # (configs saved before it)
   return build
 
 

@@ -15,11 +15,12 @@ from sdm_jax.ops import MIXERS
 B, T, VOCAB = 2, 40, 64
 
 
-def small_config(pattern, mixer="gdn2"):
+def small_config(pattern, mixer="gdn2", attention_conv=0):
   c = default_config()
   # chunk_size 16 with a 20-token prompt puts the prefill's end inside a chunk; window 6 < T wraps the ring.
   c.update(vocab_size=VOCAB, width=32, num_heads=2, head_dim=16, value_dim=MIXERS[mixer].value_dim(16, 8),
            mixer=mixer, pattern=pattern, num_layers=len(pattern), chunk_size=16, window=6,
+           attention_conv=attention_conv,
            sdm=dict(num_slots=64, topk_write=4, topk_read=3, key_dim=8, value_dim=8, chunk_size=8))
   return c
 
@@ -43,8 +44,9 @@ def decode_logits(model, tokens, prompt_len):
   return jnp.concatenate([prompt_logits, jnp.moveaxis(step_logits, 0, 1)], axis=1)
 
 
-CASES = [("D", mixer) for mixer in MIXERS]
-CASES += [(pattern, "gdn2") for pattern in ("DS", "DDDA", "SSSM")]
+CASES = [("D", mixer, 0) for mixer in MIXERS]
+CASES += [(pattern, "gdn2", 0) for pattern in ("DS", "DDDA", "SSSM")]
+CASES += [("SA", "gdn2", 3)]  # attention with its short convolutions: their cache carries over the prompt
 
 
 @nnx.jit
@@ -52,9 +54,9 @@ def forward(model, tokens):
   return model(tokens)
 
 
-@pytest.mark.parametrize("pattern, mixer", CASES)
-def test_prefill_then_steps_match_the_full_forward(pattern, mixer):
-  model = LanguageModel(small_config(pattern, mixer), rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("pattern, mixer, attention_conv", CASES)
+def test_prefill_then_steps_match_the_full_forward(pattern, mixer, attention_conv):
+  model = LanguageModel(small_config(pattern, mixer, attention_conv), rngs=nnx.Rngs(0))
   x = tokens(1)
   full = forward(model, x)
   for prompt_len in (20, 0):

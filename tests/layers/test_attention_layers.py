@@ -191,3 +191,9 @@ def test_block_is_two_pre_norm_residuals():
   h = x + mixer(block.mixer_norm(x))
   expected = h + block.mlp(block.mlp_norm(h))
   np.testing.assert_allclose(block(x), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("conv_size", [-1, 1])
+def test_a_convolution_of_fewer_than_two_taps_is_refused(conv_size):
+  with pytest.raises(ValueError, match=f"conv_size: expected 0 .* got {conv_size}"):
+    Attention(32, num_heads=2, head_dim=8, conv_size=conv_size, rngs=nnx.Rngs(0))

@@ -55,9 +55,9 @@ def test_causal_conv_does_not_see_across_documents():
   np.testing.assert_array_equal(conv(x, jnp.ones((1, T), jnp.int32)), conv(x))  # one document: unmasked
 
 
-@pytest.mark.parametrize("window", [None, 4])
-def test_attention_masks_across_documents(window):
-  layer = Attention(WIDTH, num_heads=2, head_dim=8, window=window, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("window, conv_size", [(None, 0), (4, 0), (None, 3)])
+def test_attention_masks_across_documents(window, conv_size):
+  layer = Attention(WIDTH, num_heads=2, head_dim=8, window=window, conv_size=conv_size, rngs=nnx.Rngs(0))
   assert_packed_equals_alone(*packed_and_alone(layer, 2), 1e-5)
 
 
