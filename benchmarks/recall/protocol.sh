@@ -194,9 +194,9 @@ niah_variants() {  # niah_variants MODELS: every TASK's variants at width 128, e
 case $piece in
   sanity)
     twins=()
-    # The twins share the card with the sweep's PARALLEL processes: every process gets 0.9 / (PARALLEL + 2) of it.
-    [ "${TWINS:-1}" = 1 ] && CARD_SHARES=${CARD_SHARES:-$((${PARALLEL:-6} + 2))}
     if [ "${TWINS:-1}" = 1 ]; then  # the same GDN-2 run twice at once, beside the sweep: does a seed repeat?
+      # The twins share the card with the sweep's PARALLEL processes: every process gets 0.9 / (PARALLEL + 2) of it.
+      CARD_SHARES=${CARD_SHARES:-$((${PARALLEL:-6} + 2))}
       for twin in a b; do
         XLA_PYTHON_CLIENT_MEM_FRACTION=$(card_fraction "$CARD_SHARES") timeout "$STEP_LIMIT" \
           $PY -m experiments.train --config=experiments/configs/recall.py:mqar_gdn2_w"$PILOT_WIDTH" \

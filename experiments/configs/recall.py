@@ -12,8 +12,8 @@ Variants "<task>_<mixer>[_w<width>][_lr<rate>]":
          Based experiments give their attention baseline: without them 2-layer attention must first learn a
          previous-token head, and on MQAR it stays near the guess among unrecalled values for over 10,000 steps,
          benchmarks/recall/README.md), swa (every layer "S"), sdm (sliding-window attention then Sparse Delta
-         Memory: "SM" at 2 layers, "SSSM" at 4, DESIGN.md section 3's 3 : 1), swa_gdn (the sdm hybrid's control: GDN in SDM's place, "SD" and
-         "SSSD")
+         Memory: "SM" at 2 layers, "SSSM" at 4, DESIGN.md section 3's 3 : 1), swa_gdn (the sdm hybrid's control: GDN
+         in SDM's place, "SD" and "SSSD")
   width  64, 128 or 256 (default 128), heads of 64 channels (width / 64 of them); MQAR models have 2 layers
          (Zoology's), NIAH models 4.
   rate   the peak learning rate, e.g. "_lr3e-3" (default: the task's, below): the protocol runs each model at the
